@@ -1,0 +1,1 @@
+"""What DAG authors import: decorators, specs, the task context, and the DAG-folder loader."""

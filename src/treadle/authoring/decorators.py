@@ -1,0 +1,161 @@
+"""`@dag` and `@task`: build DAGs from plain Python functions."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, overload
+
+from treadle.authoring.settings import TASK_SETTINGS, check_setting_names, resolve_settings
+from treadle.authoring.specs import (
+    Dag,
+    TaskNode,
+    TaskOutput,
+    building,
+    check_identifier,
+    current_dag,
+    literal_arg,
+)
+from treadle.domain.dag_version import ArgRef
+from treadle.errors import DagDefinitionError
+
+
+class TaskFunction:
+    """A function decorated with `@task`.
+
+    Called inside a `@dag` function it places a task and returns its `TaskOutput`;
+    called anywhere else it simply runs the function (handy in unit tests).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        task_id: str | None,
+        settings: dict[str, Any],
+        depends_on: Sequence[str],
+    ) -> None:
+        self.fn = fn
+        self.task_id = task_id
+        self.settings = settings
+        self.depends_on = tuple(depends_on)
+        self.signature = inspect.signature(fn)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        dag = current_dag()
+        if dag is None:
+            return self.fn(*args, **kwargs)
+        return self._place(dag, args, kwargs)
+
+    def _place(self, dag: Dag, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TaskOutput:
+        base = check_identifier("task id", self.task_id or self.fn.__name__)
+        if self.task_id is not None and base in dag.tasks:
+            raise DagDefinitionError(f"dag {dag.dag_id!r}: duplicate task id {base!r}")
+        task_id = dag.unique_task_id(base)
+        where = f"dag {dag.dag_id!r} task {task_id!r}"
+        takes_context = "context" in self.signature.parameters
+        try:
+            bound_kwargs = {**kwargs, "context": None} if takes_context else kwargs
+            self.signature.bind(*args, **bound_kwargs)
+        except TypeError as exc:
+            raise DagDefinitionError(f"{where}: {exc}") from exc
+        upstream: set[str] = set()
+
+        def ref(value: Any) -> ArgRef:
+            if isinstance(value, TaskOutput):
+                upstream.add(value.task_id)
+                return ArgRef(upstream=value.task_id)
+            return literal_arg(where, value)
+
+        node = TaskNode(
+            task_id=task_id,
+            fn=self.fn,
+            settings=resolve_settings(dag.default_args, self.settings, where),
+            args=tuple(ref(a) for a in args),
+            kwargs={k: ref(v) for k, v in kwargs.items()},
+            takes_context=takes_context,
+            upstream=upstream,
+            doc=inspect.getdoc(self.fn) or "",
+        )
+        dag.add_task(node)
+        for up in self.depends_on:
+            dag.add_edge(up, task_id)
+        return TaskOutput(dag, task_id)
+
+
+@overload
+def task(fn: Callable[..., Any], /) -> TaskFunction: ...
+@overload
+def task(
+    *, task_id: str | None = None, depends_on: Sequence[str] = (), **settings: Any
+) -> Callable[[Callable[..., Any]], TaskFunction]: ...
+
+
+def task(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    task_id: str | None = None,
+    depends_on: Sequence[str] = (),
+    **settings: Any,
+) -> TaskFunction | Callable[[Callable[..., Any]], TaskFunction]:
+    """Declare a task.
+
+    Settings: retries, retry_delay (seconds or timedelta), backoff_factor, max_retry_delay,
+    jitter (0..1), timeout, queue, priority_weight, on_retry, on_dead_letter.
+    `depends_on` names upstream task ids for dependencies that carry no data.
+    """
+    check_setting_names(settings, f"@task {task_id or (fn.__name__ if fn else '')}".strip())
+
+    def wrap(f: Callable[..., Any]) -> TaskFunction:
+        return TaskFunction(f, task_id, settings, depends_on)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def dag(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    dag_id: str | None = None,
+    owner: str = "treadle",
+    description: str | None = None,
+    tags: Sequence[str] = (),
+    schedule: str | None = None,
+    default_args: dict[str, Any] | None = None,
+) -> Any:
+    """Declare a DAG: the decorated function places tasks; the decorator returns the `Dag`.
+
+    `schedule=None` means the DAG runs when triggered.
+    """
+
+    def build(f: Callable[..., Any]) -> Dag:
+        the_id = check_identifier("dag id", dag_id or f.__name__)
+        if schedule is not None:
+            raise DagDefinitionError(
+                f"dag {the_id!r}: schedule must be None (manual triggers only) in this version"
+            )
+        defaults = dict(default_args or {})
+        unknown = sorted(set(defaults) - set(TASK_SETTINGS))
+        if unknown:
+            raise DagDefinitionError(
+                f"dag {the_id!r}: unknown default_args {', '.join(unknown)}; "
+                f"allowed: {', '.join(TASK_SETTINGS)}"
+            )
+        resolve_settings(defaults, {}, f"dag {the_id!r} default_args")
+        new = Dag(
+            dag_id=the_id,
+            owner=owner,
+            description=description if description is not None else (inspect.getdoc(f) or ""),
+            tags=tuple(tags),
+            schedule=schedule,
+            default_args=defaults,
+            fileloc=inspect.getsourcefile(f) or "",
+        )
+        with building(new):
+            f()
+            new.validate()
+        return new
+
+    return build(fn) if fn is not None else build

@@ -1,0 +1,111 @@
+"""Validation of per-task settings (retries, delays, timeout, queue, callbacks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from treadle.domain.identifiers import is_identifier
+from treadle.domain.retry import RetryPolicy
+from treadle.errors import DagDefinitionError
+
+TASK_SETTINGS = (
+    "retries",
+    "retry_delay",
+    "backoff_factor",
+    "max_retry_delay",
+    "jitter",
+    "timeout",
+    "queue",
+    "priority_weight",
+    "on_retry",
+    "on_dead_letter",
+)
+
+Callback = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSettings:
+    """Validated settings of one task."""
+
+    retry: RetryPolicy
+    timeout_s: float | None
+    queue: str
+    priority_weight: int
+    on_retry: Callback | None
+    on_dead_letter: Callback | None
+
+
+def _seconds(name: str, value: object, *, allow_zero: bool) -> float:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise DagDefinitionError(f"{name} must be seconds (a number) or a timedelta, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise DagDefinitionError(f"{name} must be {'>=' if allow_zero else '>'} 0, got {value!r}")
+    return seconds
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise DagDefinitionError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_callback(name: str, value: object) -> Callback | None:
+    if value is not None and not callable(value):
+        raise DagDefinitionError(f"{name} must be callable, got {value!r}")
+    return value
+
+
+def _policy(merged: Mapping[str, Any], where: str) -> RetryPolicy:
+    backoff = merged.get("backoff_factor", 2.0)
+    if not isinstance(backoff, int | float) or isinstance(backoff, bool) or backoff < 1:
+        raise DagDefinitionError(f"{where}: backoff_factor must be a number >= 1, got {backoff!r}")
+    jitter = merged.get("jitter", 0.1)
+    if not isinstance(jitter, int | float) or isinstance(jitter, bool) or not 0 <= jitter <= 1:
+        raise DagDefinitionError(f"{where}: jitter must be a number in [0, 1], got {jitter!r}")
+    return RetryPolicy(
+        retries=_check_int(f"{where}: retries", merged.get("retries", 0), minimum=0),
+        retry_delay_s=_seconds(f"{where}: retry_delay", merged.get("retry_delay", 30.0), allow_zero=True),
+        backoff_factor=float(backoff),
+        max_retry_delay_s=_seconds(
+            f"{where}: max_retry_delay", merged.get("max_retry_delay", 3600.0), allow_zero=False
+        ),
+        jitter=float(jitter),
+    )
+
+
+def check_setting_names(settings: Mapping[str, Any], where: str) -> None:
+    """Raise DagDefinitionError naming any setting that treadle does not know."""
+    unknown = sorted(set(settings) - set(TASK_SETTINGS))
+    if unknown:
+        raise DagDefinitionError(
+            f"{where}: unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(TASK_SETTINGS)}"
+        )
+
+
+def resolve_settings(defaults: Mapping[str, Any], overrides: Mapping[str, Any], where: str) -> TaskSettings:
+    """Merge DAG defaults with a task's own settings and validate every value."""
+    check_setting_names(overrides, where)
+    merged = {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
+    timeout = merged.get("timeout")
+    queue = merged.get("queue", "default")
+    if not isinstance(queue, str) or not is_identifier(queue):
+        raise DagDefinitionError(f"{where}: queue must match [A-Za-z0-9._-]{{1,250}}, got {queue!r}")
+    priority = merged.get("priority_weight", 1)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise DagDefinitionError(f"{where}: priority_weight must be an integer, got {priority!r}")
+    return TaskSettings(
+        retry=_policy(merged, where),
+        timeout_s=None if timeout is None else _seconds(f"{where}: timeout", timeout, allow_zero=False),
+        queue=queue,
+        priority_weight=priority,
+        on_retry=_check_callback(f"{where}: on_retry", merged.get("on_retry")),
+        on_dead_letter=_check_callback(f"{where}: on_dead_letter", merged.get("on_dead_letter")),
+    )

@@ -1,0 +1,184 @@
+"""In-memory DAG and task objects built by the decorators, and their serialization."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from treadle.authoring.settings import TaskSettings
+from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
+from treadle.domain.graph import find_cycle
+from treadle.domain.identifiers import is_identifier
+from treadle.errors import DagDefinitionError
+
+_building: ContextVar[Dag | None] = ContextVar("treadle_building_dag", default=None)
+#: Every Dag built while a collector is installed is appended to it (used by the loader).
+_collector: ContextVar[list[Dag] | None] = ContextVar("treadle_dag_collector", default=None)
+
+
+@dataclass(slots=True)
+class TaskNode:
+    """One task placed in a DAG: its callable, settings, arguments and upstream ids."""
+
+    task_id: str
+    fn: Callable[..., Any]
+    settings: TaskSettings
+    args: tuple[ArgRef, ...]
+    kwargs: dict[str, ArgRef]
+    takes_context: bool
+    upstream: set[str] = field(default_factory=set)
+    doc: str = ""
+
+    def to_def(self) -> TaskDef:
+        """Return the serialized definition."""
+        s = self.settings
+        return TaskDef(
+            task_id=self.task_id,
+            upstream=tuple(sorted(self.upstream)),
+            args=self.args,
+            kwargs=self.kwargs,
+            retry=s.retry,
+            timeout_s=s.timeout_s,
+            queue=s.queue,
+            priority_weight=s.priority_weight,
+            has_on_retry=s.on_retry is not None,
+            has_on_dead_letter=s.on_dead_letter is not None,
+            doc=self.doc,
+        )
+
+
+class TaskOutput:
+    """The future result of a task in a DAG; pass it to another task or chain with `>>`."""
+
+    def __init__(self, dag: Dag, task_id: str) -> None:
+        self.dag = dag
+        self.task_id = task_id
+
+    def __rshift__(self, other: TaskOutput | list[TaskOutput]) -> TaskOutput | list[TaskOutput]:
+        for o in other if isinstance(other, list) else [other]:
+            self.dag.add_edge(self.task_id, o.task_id)
+        return other
+
+    def __lshift__(self, other: TaskOutput | list[TaskOutput]) -> TaskOutput | list[TaskOutput]:
+        for o in other if isinstance(other, list) else [other]:
+            self.dag.add_edge(o.task_id, self.task_id)
+        return other
+
+    def __rrshift__(self, other: list[TaskOutput]) -> TaskOutput:
+        for o in other:
+            self.dag.add_edge(o.task_id, self.task_id)
+        return self
+
+    def __repr__(self) -> str:
+        return f"TaskOutput({self.dag.dag_id}.{self.task_id})"
+
+
+@dataclass(slots=True)
+class Dag:
+    """A DAG: id, metadata, and the tasks placed in it."""
+
+    dag_id: str
+    owner: str = "treadle"
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    schedule: str | None = None
+    default_args: dict[str, Any] = field(default_factory=dict)
+    fileloc: str = ""
+    tasks: dict[str, TaskNode] = field(default_factory=dict)
+    pending_edges: list[tuple[str, str]] = field(default_factory=list)
+
+    def add_task(self, node: TaskNode) -> None:
+        """Place a task; its id must be new in this DAG."""
+        if node.task_id in self.tasks:
+            raise DagDefinitionError(f"dag {self.dag_id!r}: duplicate task id {node.task_id!r}")
+        self.tasks[node.task_id] = node
+
+    def add_edge(self, upstream: str, downstream: str) -> None:
+        """Record that `downstream` runs after `upstream` (checked in validate())."""
+        self.pending_edges.append((upstream, downstream))
+
+    def unique_task_id(self, base: str) -> str:
+        """Return `base`, or `base__N` when a function is called more than once in the DAG."""
+        if base not in self.tasks:
+            return base
+        n = 1
+        while f"{base}__{n}" in self.tasks:
+            n += 1
+        return f"{base}__{n}"
+
+    def validate(self) -> None:
+        """Apply edges and reject unknown task ids and cycles (naming the cycle)."""
+        for up, down in self.pending_edges:
+            for tid in (up, down):
+                if tid not in self.tasks:
+                    raise DagDefinitionError(
+                        f"dag {self.dag_id!r}: unknown task id {tid!r} in dependency {up} >> {down}"
+                    )
+            self.tasks[down].upstream.add(up)
+        self.pending_edges.clear()
+        if not self.tasks:
+            raise DagDefinitionError(f"dag {self.dag_id!r} has no tasks")
+        cycle = find_cycle({k: t.upstream for k, t in self.tasks.items()})
+        if cycle:
+            raise DagDefinitionError(f"dag {self.dag_id!r} has a cycle: {' -> '.join(cycle)}")
+
+    def structure(self) -> DagStructure:
+        """Return the serialized structure stored in `dag_versions`."""
+        return DagStructure(
+            dag_id=self.dag_id,
+            owner=self.owner,
+            description=self.description,
+            tags=self.tags,
+            schedule=self.schedule,
+            fileloc=self.fileloc,
+            tasks={k: t.to_def() for k, t in self.tasks.items()},
+        )
+
+
+def current_dag() -> Dag | None:
+    """Return the DAG being built, if any."""
+    return _building.get()
+
+
+@contextmanager
+def building(dag: Dag) -> Iterator[Dag]:
+    """Make `dag` the one that task calls place themselves in."""
+    token = _building.set(dag)
+    try:
+        yield dag
+    finally:
+        _building.reset(token)
+    collected = _collector.get()
+    if collected is not None:
+        collected.append(dag)
+
+
+@contextmanager
+def collecting() -> Iterator[list[Dag]]:
+    """Collect every DAG built inside the block (the loader imports files inside one)."""
+    bucket: list[Dag] = []
+    token = _collector.set(bucket)
+    try:
+        yield bucket
+    finally:
+        _collector.reset(token)
+
+
+def check_identifier(kind: str, value: object) -> str:
+    """Return `value` if it is a valid identifier, else raise naming the rule."""
+    if not isinstance(value, str) or not is_identifier(value):
+        raise DagDefinitionError(f"{kind} {value!r} must match [A-Za-z0-9._-]{{1,250}}")
+    return value
+
+
+def literal_arg(where: str, value: object) -> ArgRef:
+    """Wrap a literal argument, which must be JSON-serializable."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise DagDefinitionError(f"{where}: argument {value!r} is not JSON-serializable") from exc
+    return ArgRef(literal=value)

@@ -1,0 +1,1 @@
+"""Command-line interface; the composition root that builds settings, store and processes."""

@@ -1,0 +1,57 @@
+"""Rendering for the CLI: rich tables for people, `--json` for scripts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+# Piped output is read by people in logs too: do not squeeze tables to 80 columns there.
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Turn dataclasses, datetimes and tuples into JSON-friendly values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def emit_json(value: Any) -> None:
+    """Print a value as indented JSON."""
+    click.echo(json.dumps(to_jsonable(value), indent=2, sort_keys=True))
+
+
+def fmt_time(value: datetime | None) -> str:
+    """Short UTC time for tables."""
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """Human duration."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print a table."""
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*["-" if v is None else str(v) for v in r])
+    console.print(t)

@@ -1,0 +1,1 @@
+"""Pure rules of treadle: states, retry policy, graphs, serialized DAG versions. No I/O, no clock."""

@@ -1,0 +1,175 @@
+"""Serialized DAG structure (what `dag_versions` stores) and its content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from treadle.domain.graph import downstream_map, transitive_downstream
+from treadle.domain.retry import RetryPolicy
+
+#: JSON values as stored (Any only at this serialization boundary).
+JSON = Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArgRef:
+    """One argument of a task call: a literal JSON value or the result of an upstream task."""
+
+    upstream: str | None = None
+    literal: JSON = None
+
+    def to_json(self) -> dict[str, JSON]:
+        """Return the JSON form."""
+        if self.upstream is not None:
+            return {"upstream": self.upstream}
+        return {"literal": self.literal}
+
+    @staticmethod
+    def from_json(data: dict[str, JSON]) -> ArgRef:
+        """Build from the JSON form."""
+        if "upstream" in data:
+            return ArgRef(upstream=str(data["upstream"]))
+        return ArgRef(literal=data.get("literal"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskDef:
+    """Serialized definition of one task."""
+
+    task_id: str
+    upstream: tuple[str, ...] = ()
+    args: tuple[ArgRef, ...] = ()
+    kwargs: dict[str, ArgRef] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout_s: float | None = None
+    queue: str = "default"
+    priority_weight: int = 1
+    has_on_retry: bool = False
+    has_on_dead_letter: bool = False
+    doc: str = ""
+
+    def to_json(self) -> dict[str, JSON]:
+        """Return the JSON form."""
+        r = self.retry
+        return {
+            "task_id": self.task_id,
+            "upstream": list(self.upstream),
+            "args": [a.to_json() for a in self.args],
+            "kwargs": {k: v.to_json() for k, v in sorted(self.kwargs.items())},
+            "retries": r.retries,
+            "retry_delay_s": r.retry_delay_s,
+            "backoff_factor": r.backoff_factor,
+            "max_retry_delay_s": r.max_retry_delay_s,
+            "jitter": r.jitter,
+            "timeout_s": self.timeout_s,
+            "queue": self.queue,
+            "priority_weight": self.priority_weight,
+            "has_on_retry": self.has_on_retry,
+            "has_on_dead_letter": self.has_on_dead_letter,
+            "doc": self.doc,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, JSON]) -> TaskDef:
+        """Build from the JSON form."""
+        return TaskDef(
+            task_id=data["task_id"],
+            upstream=tuple(data.get("upstream", ())),
+            args=tuple(ArgRef.from_json(a) for a in data.get("args", ())),
+            kwargs={k: ArgRef.from_json(v) for k, v in data.get("kwargs", {}).items()},
+            retry=RetryPolicy(
+                retries=int(data.get("retries", 0)),
+                retry_delay_s=float(data.get("retry_delay_s", 30.0)),
+                backoff_factor=float(data.get("backoff_factor", 2.0)),
+                max_retry_delay_s=float(data.get("max_retry_delay_s", 3600.0)),
+                jitter=float(data.get("jitter", 0.1)),
+            ),
+            timeout_s=data.get("timeout_s"),
+            queue=data.get("queue", "default"),
+            priority_weight=int(data.get("priority_weight", 1)),
+            has_on_retry=bool(data.get("has_on_retry", False)),
+            has_on_dead_letter=bool(data.get("has_on_dead_letter", False)),
+            doc=data.get("doc", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DagStructure:
+    """Serialized structure of one DAG: what the scheduler and API know of it."""
+
+    dag_id: str
+    owner: str = "treadle"
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    schedule: str | None = None
+    fileloc: str = ""
+    tasks: dict[str, TaskDef] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSON]:
+        """Return the JSON form (keys sorted, so the hash is stable)."""
+        return {
+            "dag_id": self.dag_id,
+            "owner": self.owner,
+            "description": self.description,
+            "tags": sorted(self.tags),
+            "schedule": self.schedule,
+            "fileloc": self.fileloc,
+            "tasks": {k: t.to_json() for k, t in sorted(self.tasks.items())},
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, JSON]) -> DagStructure:
+        """Build from the JSON form."""
+        return DagStructure(
+            dag_id=data["dag_id"],
+            owner=data.get("owner", "treadle"),
+            description=data.get("description", ""),
+            tags=tuple(data.get("tags", ())),
+            schedule=data.get("schedule"),
+            fileloc=data.get("fileloc", ""),
+            tasks={k: TaskDef.from_json(v) for k, v in data.get("tasks", {}).items()},
+        )
+
+    def content_hash(self) -> str:
+        """Return the sha256 of the canonical JSON form (the version identity)."""
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def upstream_map(self) -> dict[str, tuple[str, ...]]:
+        """Return task id -> direct upstream ids."""
+        return {k: t.upstream for k, t in self.tasks.items()}
+
+    def downstream(self) -> dict[str, list[str]]:
+        """Return task id -> direct downstream ids."""
+        return downstream_map(self.upstream_map())
+
+    def all_downstream(self, task_id: str) -> list[str]:
+        """Return every task id transitively downstream of `task_id`."""
+        return transitive_downstream(self.downstream(), task_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DagVersion:
+    """A registered version: its structure plus the derived maps the hot path needs, computed once."""
+
+    id: int
+    structure: DagStructure
+    version_hash: str
+    downstream: dict[str, list[str]]
+
+    @staticmethod
+    def of(version_id: int, structure: DagStructure) -> DagVersion:
+        """Derive the hash and downstream map of a structure."""
+        return DagVersion(
+            id=version_id,
+            structure=structure,
+            version_hash=structure.content_hash(),
+            downstream=structure.downstream(),
+        )
+
+    def all_downstream(self, task_id: str) -> list[str]:
+        """Return every task id transitively downstream of `task_id`."""
+        return transitive_downstream(self.downstream, task_id)

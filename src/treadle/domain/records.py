@@ -1,0 +1,138 @@
+"""Plain values that the store returns and the engine, CLI and worker pass around."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DagInfo:
+    """A registered DAG."""
+
+    dag_id: str
+    owner: str
+    description: str
+    tags: tuple[str, ...]
+    fileloc: str
+    is_paused: bool
+    latest_version_id: int | None
+    version_hash: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadErrorInfo:
+    """A DAG file that failed to load."""
+
+    fileloc: str
+    message: str
+    traceback: str
+    recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunInfo:
+    """One DAG run."""
+
+    run_id: str
+    dag_id: str
+    dag_version_id: int
+    run_type: str
+    logical_date: datetime
+    state: str
+    conf: dict[str, Any]  # Any: user JSON
+    triggered_by: str
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskInstanceInfo:
+    """One task instance row."""
+
+    id: int
+    run_id: str
+    dag_id: str
+    task_id: str
+    state: str
+    attempt: int
+    budget_base: int
+    orphaned_count: int
+    queue: str
+    queued_at: datetime | None
+    next_attempt_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    worker_id: str | None
+    hostname: str | None
+    lease_expires_at: datetime | None
+    dead_letter_reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptInfo:
+    """One recorded attempt (history is append-only)."""
+
+    task_instance_id: int
+    run_id: str
+    task_id: str
+    attempt: int
+    outcome: str
+    error_type: str | None
+    error_message: str | None
+    traceback: str | None
+    fingerprint: str | None
+    worker_id: str | None
+    hostname: str | None
+    started_at: datetime | None
+    ended_at: datetime
+    duration_s: float | None
+    retry_delay_s: float | None
+    late_result: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedTask:
+    """What a worker needs to run one claimed attempt."""
+
+    task_instance_id: int
+    run_id: str
+    dag_id: str
+    task_id: str
+    attempt: int
+    budget_base: int
+    orphaned_count: int
+    dag_version_id: int
+    logical_date: datetime
+    started_at: datetime
+    timeout_s: float | None
+    conf: dict[str, Any] = field(default_factory=dict)  # Any: user JSON
+    upstream_results: dict[str, Any] = field(default_factory=dict)  # Any: user JSON
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptError:
+    """Why an attempt did not succeed (bounded text)."""
+
+    error_type: str
+    message: str
+    traceback: str = ""
+    frame: str = ""
+    retryable: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerInfo:
+    """A worker process as it last reported itself."""
+
+    worker_id: str
+    hostname: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    state: str
+    started_at: datetime
+    last_heartbeat_at: datetime

@@ -1,0 +1,70 @@
+"""Retry policy: how long to wait before the next attempt, and when to give up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from treadle.domain.states import DeadLetterReason
+
+#: Lease expiries after which a task instance is dead-lettered as poison, whatever its budget.
+POISON_ORPHAN_LIMIT = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """Retry settings of one task."""
+
+    retries: int = 0
+    retry_delay_s: float = 30.0
+    backoff_factor: float = 2.0
+    max_retry_delay_s: float = 3600.0
+    #: Fraction of the delay drawn at random and added or removed (0 <= jitter <= 1).
+    jitter: float = 0.1
+
+    def delay_range(self, failed_attempt: int) -> tuple[float, float]:
+        """Return the (lowest, highest) delay after the given failed attempt of a budget (1-based)."""
+        base = self.retry_delay_s * self.backoff_factor ** max(failed_attempt - 1, 0)
+        base = min(base, self.max_retry_delay_s)
+        low = max(base * (1.0 - self.jitter), 0.0)
+        high = min(base * (1.0 + self.jitter), self.max_retry_delay_s)
+        return low, max(high, low)
+
+    def delay_s(self, failed_attempt: int, *, rand: float) -> float:
+        """Return the delay after a failed attempt; `rand` is a uniform draw in [0, 1)."""
+        low, high = self.delay_range(failed_attempt)
+        return low + (high - low) * rand
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryDecision:
+    """What happens after an attempt that did not succeed."""
+
+    retry: bool
+    delay_s: float = 0.0
+    dead_letter_reason: DeadLetterReason | None = None
+
+
+def decide_retry(
+    policy: RetryPolicy,
+    *,
+    attempt_in_budget: int,
+    orphaned_count: int,
+    retryable: bool,
+    rand: float,
+) -> RetryDecision:
+    """Decide whether a failed attempt is retried, and after how long.
+
+    Args:
+        policy: the task's retry settings.
+        attempt_in_budget: 1-based number of the failed attempt since the budget was last reset.
+        orphaned_count: lease expiries so far, including this one if it was one.
+        retryable: False for errors that must never be retried.
+        rand: uniform draw in [0, 1) for the jitter.
+    """
+    if orphaned_count >= POISON_ORPHAN_LIMIT:
+        return RetryDecision(retry=False, dead_letter_reason=DeadLetterReason.POISON)
+    if not retryable:
+        return RetryDecision(retry=False, dead_letter_reason=DeadLetterReason.NON_RETRYABLE)
+    if attempt_in_budget > policy.retries:
+        return RetryDecision(retry=False, dead_letter_reason=DeadLetterReason.RETRIES_EXHAUSTED)
+    return RetryDecision(retry=True, delay_s=policy.delay_s(attempt_in_budget, rand=rand))

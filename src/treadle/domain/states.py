@@ -1,0 +1,85 @@
+"""States of task instances and runs, and outcomes of attempts (closed sets)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    """State of one task instance in one run."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    SUCCESS = "success"
+    DEAD_LETTER = "dead_letter"
+    UPSTREAM_FAILED = "upstream_failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_TASK_STATES: frozenset[TaskState] = frozenset(
+    {
+        TaskState.SUCCESS,
+        TaskState.DEAD_LETTER,
+        TaskState.UPSTREAM_FAILED,
+        TaskState.SKIPPED,
+        TaskState.CANCELLED,
+    }
+)
+ACTIVE_TASK_STATES: frozenset[TaskState] = frozenset(TaskState) - TERMINAL_TASK_STATES
+
+
+class RunState(StrEnum):
+    """State of a DAG run."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_RUN_STATES: frozenset[RunState] = frozenset({RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED})
+
+
+class RunType(StrEnum):
+    """What created a run."""
+
+    MANUAL = "manual"
+    SCHEDULED = "scheduled"
+    BACKFILL = "backfill"
+    DATASET = "dataset"
+
+
+class AttemptOutcome(StrEnum):
+    """How one attempt ended."""
+
+    SUCCESS = "success"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+    DISPATCH_TIMEOUT = "dispatch_timeout"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+class DeadLetterReason(StrEnum):
+    """Why a task instance was dead-lettered."""
+
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    POISON = "poison"
+    NON_RETRYABLE = "non_retryable"
+
+
+def run_state_for(task_states: list[TaskState]) -> RunState | None:
+    """Return the terminal state a run takes once all its task instances are terminal.
+
+    Returns None while any task instance is still active.
+    """
+    if any(s in ACTIVE_TASK_STATES for s in task_states):
+        return None
+    if all(s in (TaskState.SUCCESS, TaskState.SKIPPED) for s in task_states):
+        return RunState.SUCCESS
+    return RunState.FAILED

@@ -1,0 +1,48 @@
+"""Registering DAG structures and load errors found by a pass over the DAG folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.dag_version import DagStructure, DagVersion
+from treadle.store import dags as dag_store
+from treadle.store.database import Database, db_now
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncReport:
+    """What one sync registered."""
+
+    dags: int
+    errors: int
+    versions: dict[str, int]
+
+
+def sync_dags(
+    db: Database,
+    *,
+    structures: list[DagStructure],
+    scanned_files: list[str],
+    errors: dict[str, tuple[str, str]],
+) -> SyncReport:
+    """Register every structure (new content hash -> new version) and replace the load errors."""
+
+    def work(conn: Connection) -> dict[str, int]:
+        now = db_now(conn)
+        versions = {s.dag_id: dag_store.upsert_dag_version(conn, s, now=now) for s in structures}
+        dag_store.replace_load_errors(conn, scanned=scanned_files, errors=errors, now=now)
+        return versions
+
+    versions = db.transact(work, retry_conflicts=True)
+    return SyncReport(dags=len(structures), errors=len(errors), versions=versions)
+
+
+def version_of(db: Database, conn: Connection, version_id: int) -> DagVersion:
+    """Return a DAG version, cached per database (versions are immutable)."""
+    found = db.version_cache.get(version_id)
+    if found is None:
+        structure = dag_store.get_structure(conn, version_id)
+        found = db.version_cache[version_id] = DagVersion.of(version_id, structure)
+    return found

@@ -1,0 +1,130 @@
+"""Dead letters: list them (grouped by error fingerprint) and requeue them with a fresh budget."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.graph import topological_order
+from treadle.domain.records import AttemptInfo, TaskInstanceInfo
+from treadle.domain.states import RunState, TaskState
+from treadle.engine.dags import version_of
+from treadle.errors import InvalidRequest, TaskInstanceNotFound
+from treadle.store import attempts as attempt_store
+from treadle.store import dialects
+from treadle.store import runs as run_store
+from treadle.store import task_instances as ti_store
+from treadle.store.database import Database, db_now
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    """A dead-lettered task instance with its last attempt."""
+
+    task_instance: TaskInstanceInfo
+    last_attempt: AttemptInfo | None
+
+    @property
+    def fingerprint(self) -> str:
+        """The last attempt's error fingerprint."""
+        return (self.last_attempt.fingerprint if self.last_attempt else None) or "-"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetterGroup:
+    """Dead letters sharing one fingerprint."""
+
+    fingerprint: str
+    error_type: str
+    message: str
+    count: int
+    dag_ids: tuple[str, ...]
+    task_instance_ids: tuple[int, ...]
+
+
+def list_dead_letters(db: Database, *, limit: int = 1000) -> list[DeadLetter]:
+    """Return dead letters, newest first, each with its last attempt."""
+
+    def work(conn: Connection) -> list[DeadLetter]:
+        tis = ti_store.list_dead_letters(conn, limit=limit)
+        last = attempt_store.last_attempts(conn, [t.id for t in tis])
+        return [DeadLetter(task_instance=t, last_attempt=last.get(t.id)) for t in tis]
+
+    return db.query(work)
+
+
+def group_dead_letters(letters: list[DeadLetter]) -> list[DeadLetterGroup]:
+    """Group dead letters by fingerprint, biggest group first."""
+    groups: dict[str, list[DeadLetter]] = defaultdict(list)
+    for d in letters:
+        groups[d.fingerprint].append(d)
+    result = []
+    for fp, items in groups.items():
+        last = items[0].last_attempt
+        result.append(
+            DeadLetterGroup(
+                fingerprint=fp,
+                error_type=(last.error_type if last else None) or "-",
+                message=((last.error_message if last else None) or "")[:200],
+                count=len(items),
+                dag_ids=tuple(sorted({d.task_instance.dag_id for d in items})),
+                task_instance_ids=tuple(d.task_instance.id for d in items),
+            )
+        )
+    return sorted(result, key=lambda g: (-g.count, g.fingerprint))
+
+
+def requeue_dead_letter(db: Database, task_instance_id: int) -> TaskInstanceInfo:
+    """Queue a dead letter again with a fresh retry budget; its downstream and run reopen."""
+
+    def work(conn: Connection) -> TaskInstanceInfo:
+        found = ti_store.get_task_instance(conn, task_instance_id)
+        if found is None:
+            raise TaskInstanceNotFound(f"no task instance {task_instance_id}")
+        if found.state != TaskState.DEAD_LETTER.value:
+            raise InvalidRequest(f"task instance {task_instance_id} is {found.state}, not dead_letter")
+        now = db_now(conn)
+        ti_store.requeue_dead_letter(conn, task_instance_id=task_instance_id, now=now)
+        run = run_store.get_run(conn, found.run_id)
+        assert run is not None
+        version = version_of(db, conn, run.dag_version_id)
+        downstream = version.all_downstream(found.task_id)
+        ti_store.reset_to_pending(conn, run_id=found.run_id, task_ids=downstream)
+        _refail_blocked(conn, found.run_id, version.structure.upstream_map(), downstream, now)
+        run_store.set_run_state(conn, found.run_id, expected=RunState.FAILED, new=RunState.RUNNING, now=now)
+        dialects.notify_ready(conn)
+        updated = ti_store.get_task_instance(conn, task_instance_id)
+        assert updated is not None
+        return updated
+
+    return db.transact(work)
+
+
+def _refail_blocked(
+    conn: Connection,
+    run_id: str,
+    upstream: dict[str, tuple[str, ...]],
+    reopened: list[str],
+    now: datetime,
+) -> None:
+    """Tasks reopened by a requeue that still have another failed upstream go back to failed."""
+    states = {t.task_id: t.state for t in ti_store.list_for_run(conn, run_id)}
+    failed = {TaskState.DEAD_LETTER.value, TaskState.UPSTREAM_FAILED.value}
+    blocked = []
+    for task_id in topological_order({k: upstream[k] for k in upstream}):
+        if task_id in reopened and any(states.get(u) in failed for u in upstream[task_id]):
+            states[task_id] = TaskState.UPSTREAM_FAILED.value
+            blocked.append(task_id)
+    if blocked:
+        ti_store.mark_upstream_failed(conn, run_id=run_id, task_ids=blocked, now=now)
+
+
+def requeue_fingerprint(db: Database, fp: str) -> list[TaskInstanceInfo]:
+    """Requeue every dead letter whose last attempt has this fingerprint."""
+    ids = [d.task_instance.id for d in list_dead_letters(db) if d.fingerprint == fp]
+    if not ids:
+        raise InvalidRequest(f"no dead letter has fingerprint {fp!r}")
+    return [requeue_dead_letter(db, i) for i in ids]

@@ -1,0 +1,69 @@
+"""Read-only views for the CLI (and later the API): DAGs, load errors, runs and their details."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.records import (
+    AttemptInfo,
+    DagInfo,
+    LoadErrorInfo,
+    RunInfo,
+    TaskInstanceInfo,
+)
+from treadle.errors import RunNotFound
+from treadle.store import attempts as attempt_store
+from treadle.store import dags as dag_store
+from treadle.store import runs as run_store
+from treadle.store import task_instances as ti_store
+from treadle.store.database import Database
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunDetail:
+    """A run with its task instances, attempts and results."""
+
+    run: RunInfo
+    task_instances: list[TaskInstanceInfo]
+    attempts: list[AttemptInfo]
+    results: dict[str, Any]  # Any: user JSON
+
+
+def list_dags(db: Database) -> list[DagInfo]:
+    """Every registered DAG."""
+    return db.query(dag_store.list_dags)
+
+
+def get_dag(db: Database, dag_id: str) -> DagInfo | None:
+    """One DAG, or None."""
+    return db.query(lambda conn: dag_store.get_dag(conn, dag_id))
+
+
+def list_load_errors(db: Database) -> list[LoadErrorInfo]:
+    """Every DAG file that failed to load."""
+    return db.query(dag_store.list_load_errors)
+
+
+def list_runs(db: Database, *, dag_id: str | None = None, limit: int = 50) -> list[RunInfo]:
+    """The newest runs."""
+    return db.query(lambda conn: run_store.list_runs(conn, dag_id=dag_id, limit=limit))
+
+
+def run_detail(db: Database, run_id: str) -> RunDetail:
+    """A run with everything recorded about it."""
+
+    def work(conn: Connection) -> RunDetail:
+        run = run_store.get_run(conn, run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return RunDetail(
+            run=run,
+            task_instances=ti_store.list_for_run(conn, run_id),
+            attempts=attempt_store.list_attempts(conn, run_id=run_id),
+            results=attempt_store.results_of_run(conn, run_id),
+        )
+
+    return db.query(work)

@@ -1,0 +1,114 @@
+"""Triggering runs and closing them once every task instance is terminal."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.dag_version import DagStructure
+from treadle.domain.records import RunInfo
+from treadle.domain.states import RunState, RunType, TaskState
+from treadle.engine.dags import version_of
+from treadle.errors import DagNotFound, InvalidRequest
+from treadle.store import dags as dag_store
+from treadle.store import dialects
+from treadle.store import runs as run_store
+from treadle.store import task_instances as ti_store
+from treadle.store.database import Database, db_now
+
+#: Largest accepted trigger conf, serialized.
+MAX_CONF_BYTES = 64 * 1024
+
+
+def trigger_run(
+    db: Database,
+    dag_id: str,
+    *,
+    conf: dict[str, Any] | None = None,
+    triggered_by: str,
+    run_type: RunType = RunType.MANUAL,
+) -> RunInfo:
+    """Create a run of the DAG's latest version with its roots queued, in one transaction."""
+    conf = dict(conf or {})
+    if len(json.dumps(conf)) > MAX_CONF_BYTES:
+        raise InvalidRequest(f"conf is larger than the limit of {MAX_CONF_BYTES} bytes")
+
+    def work(conn: Connection) -> RunInfo:
+        dag = dag_store.get_dag(conn, dag_id)
+        if dag is None or dag.latest_version_id is None:
+            raise DagNotFound(f"no DAG {dag_id!r} is registered (run `treadle dags sync`?)")
+        structure = version_of(db, conn, dag.latest_version_id).structure
+        now = db_now(conn)
+        run_id = f"{run_type.value}__{now:%Y%m%dT%H%M%S.%fZ}__{secrets.token_hex(3)}"
+        run = RunInfo(
+            run_id=run_id,
+            dag_id=dag_id,
+            dag_version_id=dag.latest_version_id,
+            run_type=run_type.value,
+            logical_date=now,
+            state=RunState.RUNNING.value,
+            conf=conf,
+            triggered_by=triggered_by,
+            created_at=now,
+            started_at=now,
+            ended_at=None,
+        )
+        run_store.insert_run(conn, run)
+        ti_store.insert_task_instances(conn, _task_instance_rows(structure, run))
+        dialects.notify_ready(conn)
+        return run
+
+    return db.transact(work)
+
+
+def _task_instance_rows(structure: DagStructure, run: RunInfo) -> list[dict[str, Any]]:
+    rows = []
+    for task_id, t in structure.tasks.items():
+        is_root = not t.upstream
+        rows.append(
+            {
+                "run_id": run.run_id,
+                "dag_id": run.dag_id,
+                "task_id": task_id,
+                "map_index": -1,
+                "state": (TaskState.QUEUED if is_root else TaskState.PENDING).value,
+                "attempt": 0,
+                "budget_base": 0,
+                "orphaned_count": 0,
+                "queue": t.queue,
+                "priority_weight": t.priority_weight,
+                "upstream_total": len(t.upstream),
+                "upstream_done": 0,
+                "queued_at": run.created_at if is_root else None,
+                "timeout_s": t.timeout_s,
+            }
+        )
+    return rows
+
+
+def finish_run_if_done(conn: Connection, run_id: str) -> RunState | None:
+    """Close a running run whose task instances are all terminal; returns the state it took.
+
+    Under READ COMMITTED two concurrent last completions may each still see the other's
+    row active; the scheduler's sweep (finish_idle_runs) closes such runs.
+    """
+    if run_store.has_active_tasks(conn, run_id):
+        return None
+    new = RunState.FAILED if run_store.has_unsuccessful_tasks(conn, run_id) else RunState.SUCCESS
+    changed = run_store.set_run_state(conn, run_id, expected=RunState.RUNNING, new=new, now=db_now(conn))
+    return new if changed else None
+
+
+def finish_idle_runs(db: Database, *, limit: int = 500) -> int:
+    """Sweep: close every running run that has no active task instance left."""
+
+    def work(conn: Connection) -> int:
+        return sum(
+            finish_run_if_done(conn, run_id) is not None
+            for run_id in run_store.running_run_ids(conn, limit=limit)
+        )
+
+    return db.transact(work)

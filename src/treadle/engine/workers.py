@@ -1,0 +1,43 @@
+"""Recording workers and their heartbeats (for listings and `why is it not running`)."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.records import WorkerInfo
+from treadle.store import workers as worker_store
+from treadle.store.database import Database, db_now
+
+
+def record_worker(
+    db: Database, *, worker_id: str, hostname: str, pid: int, queues: list[str], concurrency: int
+) -> None:
+    """Register a starting worker."""
+
+    def work(conn: Connection) -> None:
+        now = db_now(conn)
+        worker_store.register_worker(
+            conn,
+            WorkerInfo(
+                worker_id=worker_id,
+                hostname=hostname,
+                pid=pid,
+                queues=tuple(queues),
+                concurrency=concurrency,
+                state="running",
+                started_at=now,
+                last_heartbeat_at=now,
+            ),
+        )
+
+    db.transact(work)
+
+
+def touch_worker(db: Database, worker_id: str, *, state: str) -> None:
+    """Record a worker heartbeat (or its stop)."""
+    db.transact(lambda conn: worker_store.touch_worker(conn, worker_id, now=db_now(conn), state=state))
+
+
+def list_workers(db: Database) -> list[WorkerInfo]:
+    """Return every known worker."""
+    return db.query(worker_store.list_workers)

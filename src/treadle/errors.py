@@ -1,0 +1,53 @@
+"""The one error tree of treadle.
+
+TreadleError
+├── ConfigError            a setting is missing or invalid (names the setting)
+├── DagDefinitionError     a DAG is malformed: cycle, unknown or duplicate task id, bad setting
+├── DagNotFound            no DAG with that id is registered
+├── RunNotFound            no run with that id
+├── TaskInstanceNotFound   no task instance with that id
+├── InvalidRequest         input from a user that cannot be accepted (names the problem)
+├── ResultTooLarge         a task's result exceeds the size limit
+└── SchemaOutOfDate        the database schema is not at the code's revision
+"""
+
+from __future__ import annotations
+
+
+class TreadleError(Exception):
+    """A treadle operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or type(self).__name__).strip())
+
+
+class ConfigError(TreadleError):
+    """A setting is missing or invalid."""
+
+
+class DagDefinitionError(TreadleError):
+    """The DAG definition is invalid."""
+
+
+class DagNotFound(TreadleError):
+    """No DAG with that id is registered."""
+
+
+class RunNotFound(TreadleError):
+    """No run with that id exists."""
+
+
+class TaskInstanceNotFound(TreadleError):
+    """No task instance with that id exists."""
+
+
+class InvalidRequest(TreadleError):
+    """The request cannot be accepted."""
+
+
+class ResultTooLarge(TreadleError):
+    """The task's result is larger than the configured limit."""
+
+
+class SchemaOutOfDate(TreadleError):
+    """The database schema is not at the revision this code expects; run `treadle db upgrade`."""

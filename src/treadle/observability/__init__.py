@@ -1,0 +1,1 @@
+"""Structured logging (and, later, metrics) for every treadle process."""

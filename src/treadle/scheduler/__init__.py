@@ -1,0 +1,1 @@
+"""Scheduler process: drives time-based transitions (due retries, expired leases, run completion)."""

@@ -1,0 +1,97 @@
+"""Attempt history (append-only) and small task results."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from treadle.domain.records import AttemptInfo
+from treadle.store.tables import task_attempts, task_results
+
+
+def insert_attempt(conn: Connection, **values: Any) -> None:
+    """Append one finished attempt (columns of `task_attempts`)."""
+    conn.execute(sa.insert(task_attempts).values(**values))
+
+
+def mark_late_result(conn: Connection, *, task_instance_id: int, attempt: int, note: str) -> bool:
+    """Record on an attempt that its worker reported after losing it; returns False if no row."""
+    result = conn.execute(
+        sa.update(task_attempts)
+        .where(task_attempts.c.task_instance_id == task_instance_id, task_attempts.c.attempt == attempt)
+        .values(late_result=note[:250])
+    )
+    return bool(result.rowcount)
+
+
+def list_attempts(conn: Connection, *, run_id: str) -> list[AttemptInfo]:
+    """Return every attempt of a run, oldest first."""
+    stmt = (
+        sa.select(*[c for c in task_attempts.c if c.name not in ("id", "dag_id")])
+        .where(task_attempts.c.run_id == run_id)
+        .order_by(task_attempts.c.task_id, task_attempts.c.attempt)
+    )
+    return [AttemptInfo(**r._mapping) for r in conn.execute(stmt)]
+
+
+def last_attempts(conn: Connection, task_instance_ids: list[int]) -> dict[int, AttemptInfo]:
+    """Return the latest attempt of each given task instance."""
+    if not task_instance_ids:
+        return {}
+    stmt = (
+        sa.select(*[c for c in task_attempts.c if c.name not in ("id", "dag_id")])
+        .where(task_attempts.c.task_instance_id.in_(task_instance_ids))
+        .order_by(task_attempts.c.attempt)
+    )
+    return {r.task_instance_id: AttemptInfo(**r._mapping) for r in conn.execute(stmt)}
+
+
+def put_result(
+    conn: Connection,
+    *,
+    task_instance_id: int,
+    run_id: str,
+    task_id: str,
+    value: Any,
+    now: datetime,
+) -> None:
+    """Store a task's JSON result (replacing any earlier one of the same task instance)."""
+    size = len(json.dumps(value))
+    conn.execute(sa.delete(task_results).where(task_results.c.task_instance_id == task_instance_id))
+    conn.execute(
+        sa.insert(task_results).values(
+            task_instance_id=task_instance_id,
+            run_id=run_id,
+            task_id=task_id,
+            value=value,
+            size_bytes=size,
+            created_at=now,
+        )
+    )
+
+
+def get_results(conn: Connection, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    """Return results by (run_id, task_id) for the given pairs."""
+    if not pairs:
+        return {}
+    run_ids = sorted({r for r, _ in pairs})
+    task_ids = sorted({t for _, t in pairs})
+    rows = conn.execute(
+        sa.select(task_results.c.run_id, task_results.c.task_id, task_results.c.value).where(
+            task_results.c.run_id.in_(run_ids), task_results.c.task_id.in_(task_ids)
+        )
+    )
+    wanted = set(pairs)
+    return {(r.run_id, r.task_id): r.value for r in rows if (r.run_id, r.task_id) in wanted}
+
+
+def results_of_run(conn: Connection, run_id: str) -> dict[str, Any]:
+    """Return every stored result of a run by task id."""
+    rows = conn.execute(
+        sa.select(task_results.c.task_id, task_results.c.value).where(task_results.c.run_id == run_id)
+    )
+    return {r.task_id: r.value for r in rows}

@@ -1,0 +1,181 @@
+"""Connections: engine factory per dialect, short transactions, transient-error retry, DB time."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from treadle.domain.dag_version import DagVersion
+from treadle.store import dialects
+
+log = logging.getLogger("treadle.store")
+T = TypeVar("T")
+
+#: Errors that mean "try again": lost connections, lock timeouts, SQLite busy, serialization.
+_TRANSIENT_SQLSTATES = {
+    "40001",
+    "40P01",
+    "55P03",
+    "57P01",
+    "57P02",
+    "57P03",
+    "08000",
+    "08003",
+    "08006",
+    "08001",
+    "08004",
+}
+
+
+def normalise_url(url: str) -> str:
+    """Map plain `postgresql://` URLs to the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Return True if a database error is worth retrying (connection loss, lock, busy)."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    orig = getattr(exc, "orig", None)
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate in _TRANSIENT_SQLSTATES:
+        return True
+    text = str(orig or exc).lower()
+    return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) and any(
+        s in text
+        for s in (
+            "database is locked",
+            "database is busy",
+            "connection",
+            "server closed",
+            "terminat",
+        )
+    )
+
+
+class Database:
+    """One database: the engine, write and read transactions, and the database clock."""
+
+    def __init__(self, url: str, *, application_name: str = "treadle", pool_size: int = 5) -> None:
+        self.url = normalise_url(url)
+        self.engine: Engine = _create_engine(self.url, application_name, pool_size)
+        self.dialect = self.engine.dialect.name
+        #: DAG version id -> version; versions are immutable, so this never goes stale.
+        self.version_cache: dict[int, DagVersion] = {}
+
+    @property
+    def is_sqlite(self) -> bool:
+        """True on the embedded SQLite backend."""
+        return self.dialect == "sqlite"
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A short write transaction (on SQLite it takes the write lock at BEGIN)."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction (on SQLite a deferred BEGIN, so readers never block writers)."""
+        with self.engine.connect() as raw:
+            conn = raw.execution_options(treadle_readonly=True)
+            with conn.begin():
+                yield conn
+
+    def transact(
+        self, fn: Callable[[Connection], T], *, attempts: int = 8, retry_conflicts: bool = False
+    ) -> T:
+        """Run `fn` in a write transaction, retrying transient errors with jittered backoff.
+
+        `retry_conflicts` also retries unique violations, for upserts that race each other.
+        """
+        for n in range(1, attempts + 1):
+            try:
+                with self.begin() as conn:
+                    return fn(conn)
+            except sa.exc.DBAPIError as exc:
+                conflict = retry_conflicts and isinstance(exc, sa.exc.IntegrityError)
+                if n == attempts or not (conflict or is_transient(exc)):
+                    raise
+                delay = min(0.05 * 2**n, 2.0) * (0.5 + random.random())
+                log.warning(
+                    "transient database error, retrying",
+                    extra={"event": "store.retry", "attempt": n, "error": str(exc)[:200]},
+                )
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def query(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:
+        """Run `fn` in a read transaction, retrying transient errors."""
+        for n in range(1, attempts + 1):
+            try:
+                with self.read() as conn:
+                    return fn(conn)
+            except sa.exc.DBAPIError as exc:
+                if n == attempts or not is_transient(exc):
+                    raise
+                time.sleep(min(0.05 * 2**n, 2.0) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+
+def db_now(conn: Connection) -> datetime:
+    """Return the database's current time (the one clock treadle trusts), timezone-aware UTC."""
+    return dialects.now(conn)
+
+
+def _create_engine(url: str, application_name: str, pool_size: int) -> Engine:
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(
+            url,
+            connect_args={"timeout": 30, "check_same_thread": False},
+            pool_size=pool_size,
+            max_overflow=10,
+        )
+        _configure_sqlite(engine)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if url.startswith("postgresql"):
+        connect_args = {
+            "application_name": application_name,
+            # Keep our own transactions short (F13): nothing of ours idles inside one.
+            "options": "-c idle_in_transaction_session_timeout=60000 -c statement_timeout=60000",
+            "keepalives": 1,
+            "keepalives_idle": 30,
+        }
+    return sa.create_engine(
+        url, connect_args=connect_args, pool_size=pool_size, max_overflow=10, pool_recycle=3600
+    )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Driver autocommit: we issue BEGIN ourselves so writers take the lock up front
+        # (BEGIN IMMEDIATE) and wait on busy_timeout instead of failing mid-transaction.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(conn: Connection) -> None:
+        readonly = conn.get_execution_options().get("treadle_readonly", False)
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")

@@ -1,0 +1,58 @@
+"""Schema migrations: upgrade to head, report the current revision, check for drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from treadle.store.database import Database
+from treadle.store.tables import metadata
+
+_SCRIPTS = str(Path(__file__).parent / "migrations")
+
+
+def _config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", _SCRIPTS)
+    return cfg
+
+
+def head_revision() -> str:
+    """Return the newest revision this code knows."""
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(db: Database) -> str | None:
+    """Return the revision the database is at (None if never migrated)."""
+    with db.engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(db: Database, revision: str = "head") -> None:
+    """Upgrade the schema (idempotent)."""
+    cfg = _config()
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def drift(db: Database) -> list[str]:
+    """Return the differences between the database schema and the code's tables (empty = none)."""
+    with db.engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": False})
+        return [str(d) for d in compare_metadata(ctx, metadata)]
+
+
+def make_revision(db: Database, message: str) -> None:
+    """Autogenerate a new revision against `db` (for developers changing tables.py)."""
+    cfg = _config()
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.revision(cfg, message=message, autogenerate=True)

@@ -1,0 +1,1 @@
+"""Alembic migrations of the treadle schema (one chain)."""

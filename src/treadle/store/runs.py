@@ -1,0 +1,103 @@
+"""Queries on DAG runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from treadle.domain.records import RunInfo
+from treadle.domain.states import ACTIVE_TASK_STATES, RunState
+from treadle.store.tables import dag_runs, task_instances
+
+
+def insert_run(conn: Connection, run: RunInfo) -> None:
+    """Insert a new run row (the unique key forbids a second run per dag/date/type)."""
+    conn.execute(
+        sa.insert(dag_runs).values(
+            run_id=run.run_id,
+            dag_id=run.dag_id,
+            dag_version_id=run.dag_version_id,
+            run_type=run.run_type,
+            logical_date=run.logical_date,
+            state=run.state,
+            conf=run.conf,
+            triggered_by=run.triggered_by,
+            created_at=run.created_at,
+            started_at=run.started_at,
+            ended_at=run.ended_at,
+        )
+    )
+
+
+def _info(row: sa.Row[Any]) -> RunInfo:
+    return RunInfo(**row._mapping)
+
+
+def get_run(conn: Connection, run_id: str) -> RunInfo | None:
+    """Return one run, or None."""
+    row = conn.execute(sa.select(dag_runs).where(dag_runs.c.run_id == run_id)).first()
+    return _info(row) if row else None
+
+
+def list_runs(conn: Connection, *, dag_id: str | None, limit: int) -> list[RunInfo]:
+    """Return the newest runs, optionally of one DAG."""
+    stmt = sa.select(dag_runs).order_by(dag_runs.c.created_at.desc()).limit(limit)
+    if dag_id:
+        stmt = stmt.where(dag_runs.c.dag_id == dag_id)
+    return [_info(r) for r in conn.execute(stmt)]
+
+
+def runs_for_versions(conn: Connection, run_ids: list[str]) -> dict[str, RunInfo]:
+    """Return the given runs by id."""
+    if not run_ids:
+        return {}
+    rows = conn.execute(sa.select(dag_runs).where(dag_runs.c.run_id.in_(run_ids)))
+    return {r.run_id: _info(r) for r in rows}
+
+
+def has_active_tasks(conn: Connection, run_id: str) -> bool:
+    """True while any task instance of the run is not terminal (an index probe, not a count)."""
+    stmt = (
+        sa.select(task_instances.c.id)
+        .where(
+            task_instances.c.run_id == run_id,
+            task_instances.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
+        )
+        .limit(1)
+    )
+    return conn.execute(stmt).first() is not None
+
+
+def has_unsuccessful_tasks(conn: Connection, run_id: str) -> bool:
+    """True if any task instance of the run ended other than success or skipped."""
+    stmt = (
+        sa.select(task_instances.c.id)
+        .where(task_instances.c.run_id == run_id, task_instances.c.state.not_in(["success", "skipped"]))
+        .limit(1)
+    )
+    return conn.execute(stmt).first() is not None
+
+
+def set_run_state(conn: Connection, run_id: str, *, expected: RunState, new: RunState, now: datetime) -> bool:
+    """Compare-and-set a run's state; returns False if it was not in `expected`."""
+    ended = now if new in (RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED) else None
+    result = conn.execute(
+        sa.update(dag_runs)
+        .where(dag_runs.c.run_id == run_id, dag_runs.c.state == expected.value)
+        .values(state=new.value, ended_at=ended)
+    )
+    return bool(result.rowcount)
+
+
+def running_run_ids(conn: Connection, *, limit: int) -> list[str]:
+    """Return ids of runs in state running (oldest first)."""
+    stmt = (
+        sa.select(dag_runs.c.run_id)
+        .where(dag_runs.c.state == RunState.RUNNING.value)
+        .order_by(dag_runs.c.created_at)
+        .limit(limit)
+    )
+    return list(conn.execute(stmt).scalars())

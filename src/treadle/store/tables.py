@@ -1,0 +1,194 @@
+"""SQLAlchemy Core metadata: every table, with named constraints (migrations mirror this)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata = sa.MetaData(naming_convention=NAMING)
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every dialect (SQLite stores naive UTC text)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        parsed: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+ID = sa.String(250)
+
+dags = sa.Table(
+    "dags",
+    metadata,
+    sa.Column("dag_id", ID, primary_key=True),
+    sa.Column("owner", sa.String(250), nullable=False),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    sa.Column("tags", JSONType, nullable=False),
+    sa.Column("fileloc", sa.Text, nullable=False, server_default=""),
+    sa.Column("is_paused", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("is_active", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("latest_version_id", sa.Integer, nullable=True),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+)
+
+dag_versions = sa.Table(
+    "dag_versions",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("dag_id", ID, nullable=False),
+    sa.Column("version_hash", sa.String(64), nullable=False),
+    sa.Column("structure", JSONType, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("dag_id", "version_hash"),
+)
+
+dag_load_errors = sa.Table(
+    "dag_load_errors",
+    metadata,
+    sa.Column("fileloc", sa.String(1000), primary_key=True),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("traceback", sa.Text, nullable=False),
+    sa.Column("recorded_at", UTCDateTime, nullable=False),
+)
+
+dag_runs = sa.Table(
+    "dag_runs",
+    metadata,
+    sa.Column("run_id", ID, primary_key=True),
+    sa.Column("dag_id", ID, nullable=False),
+    sa.Column("dag_version_id", sa.Integer, nullable=False),
+    sa.Column("run_type", sa.String(20), nullable=False),
+    sa.Column("logical_date", UTCDateTime, nullable=False),
+    sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("conf", JSONType, nullable=False),
+    sa.Column("triggered_by", sa.String(250), nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("started_at", UTCDateTime, nullable=True),
+    sa.Column("ended_at", UTCDateTime, nullable=True),
+    # A time-based trigger can never create two runs of one DAG for one logical date.
+    sa.UniqueConstraint("dag_id", "logical_date", "run_type"),
+    sa.Index(None, "state"),
+    sa.Index(None, "dag_id", "created_at"),
+)
+
+task_instances = sa.Table(
+    "task_instances",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("dag_id", ID, nullable=False),
+    sa.Column("task_id", ID, nullable=False),
+    sa.Column("map_index", sa.Integer, nullable=False, server_default="-1"),
+    sa.Column("state", sa.String(20), nullable=False),
+    #: Number of the current (or last) attempt; doubles as the fencing token.
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    #: Attempt number at which the retry budget was last reset (requeue of a dead letter).
+    sa.Column("budget_base", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("orphaned_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("queue", sa.String(250), nullable=False, server_default="default"),
+    sa.Column("priority_weight", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("upstream_total", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("upstream_done", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("queued_at", UTCDateTime, nullable=True),
+    sa.Column("next_attempt_at", UTCDateTime, nullable=True),
+    sa.Column("started_at", UTCDateTime, nullable=True),
+    sa.Column("ended_at", UTCDateTime, nullable=True),
+    sa.Column("worker_id", sa.String(250), nullable=True),
+    sa.Column("hostname", sa.String(250), nullable=True),
+    sa.Column("lease_expires_at", UTCDateTime, nullable=True),
+    sa.Column("timeout_s", sa.Float, nullable=True),
+    sa.Column("timeout_at", UTCDateTime, nullable=True),
+    sa.Column("dead_letter_reason", sa.String(40), nullable=True),
+    sa.UniqueConstraint("run_id", "task_id", "map_index"),
+    sa.Index(None, "state", "queue", "priority_weight", "queued_at"),
+    sa.Index(None, "state", "next_attempt_at"),
+    sa.Index(None, "state", "lease_expires_at"),
+    sa.Index(None, "run_id", "state"),
+)
+
+task_attempts = sa.Table(
+    "task_attempts",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("task_instance_id", sa.BigInteger, nullable=False),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("dag_id", ID, nullable=False),
+    sa.Column("task_id", ID, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("outcome", sa.String(20), nullable=False),
+    sa.Column("error_type", sa.String(250), nullable=True),
+    sa.Column("error_message", sa.Text, nullable=True),
+    sa.Column("traceback", sa.Text, nullable=True),
+    sa.Column("fingerprint", sa.String(40), nullable=True),
+    sa.Column("worker_id", sa.String(250), nullable=True),
+    sa.Column("hostname", sa.String(250), nullable=True),
+    sa.Column("started_at", UTCDateTime, nullable=True),
+    sa.Column("ended_at", UTCDateTime, nullable=False),
+    sa.Column("duration_s", sa.Float, nullable=True),
+    #: Delay chosen before the next attempt when this one was retried.
+    sa.Column("retry_delay_s", sa.Float, nullable=True),
+    #: Set when a worker that had lost this attempt reported it anyway (discarded, not applied).
+    sa.Column("late_result", sa.String(250), nullable=True),
+    sa.UniqueConstraint("task_instance_id", "attempt"),
+    sa.Index(None, "run_id"),
+    sa.Index(None, "ended_at"),
+)
+
+task_results = sa.Table(
+    "task_results",
+    metadata,
+    sa.Column("task_instance_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("task_id", ID, nullable=False),
+    sa.Column("value", JSONType, nullable=True),
+    sa.Column("size_bytes", sa.Integer, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Index(None, "run_id", "task_id"),
+)
+
+workers = sa.Table(
+    "workers",
+    metadata,
+    sa.Column("worker_id", sa.String(250), primary_key=True),
+    sa.Column("hostname", sa.String(250), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("queues", JSONType, nullable=False),
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("started_at", UTCDateTime, nullable=False),
+    sa.Column("last_heartbeat_at", UTCDateTime, nullable=False),
+)

@@ -1,0 +1,1 @@
+"""Worker process: claims attempts, runs them in child processes, heartbeats, reports outcomes."""

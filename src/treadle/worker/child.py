@@ -1,0 +1,133 @@
+"""Child process that imports DAG code once and runs task callables on request.
+
+User code runs only here, so a crash, `os._exit` or segfault ends one attempt, not the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from datetime import datetime
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from treadle.authoring.context import TaskContext
+from treadle.authoring.loader import load_file, load_folder
+from treadle.authoring.specs import Dag
+from treadle.worker.protocol import Message, error_message, receive, send
+
+log = logging.getLogger("treadle.worker.child")
+
+
+class DagCache:
+    """DAGs imported from the folder, reloaded from their file when a run's version differs."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.dags: dict[str, Dag] = {}
+        self.hashes: dict[str, str] = {}
+        self.reload_all()
+
+    def reload_all(self) -> None:
+        """Import the whole folder."""
+        self.dags = dict(load_folder(self.folder).dags)
+        self.hashes = {k: d.structure().content_hash() for k, d in self.dags.items()}
+
+    def get(self, dag_id: str, version_hash: str) -> Dag:
+        """Return the DAG, re-importing its file if the code on disk changed since it was loaded."""
+        if self.hashes.get(dag_id) != version_hash:
+            current = self.dags.get(dag_id)
+            if current is not None and current.fileloc:
+                for d in load_file(Path(current.fileloc))[0]:
+                    self.dags[d.dag_id] = d
+                    self.hashes[d.dag_id] = d.structure().content_hash()
+            if self.hashes.get(dag_id) != version_hash:
+                self.reload_all()
+        found = self.dags.get(dag_id)
+        if found is None:
+            raise LookupError(f"DAG {dag_id!r} is not defined in {self.folder}")
+        return found
+
+
+def _context(msg: Message) -> TaskContext:
+    return TaskContext(
+        run_id=msg["run_id"],
+        dag_id=msg["dag_id"],
+        task_id=msg["task_id"],
+        logical_date=datetime.fromisoformat(msg["logical_date"]),
+        attempt=msg["attempt"],
+        params=msg.get("params") or {},
+        upstream_results=msg.get("upstream_results") or {},
+    )
+
+
+def run_task(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message:
+    """Run one task callable; return {"ok": True, "value": ...} or an error description."""
+    roots = (str(cache.folder.resolve()), str(cache.folder))
+    try:
+        dag = cache.get(msg["dag_id"], msg["version_hash"])
+        node = dag.tasks.get(msg["task_id"])
+        if node is None:
+            raise LookupError(f"task {msg['task_id']!r} is not defined in DAG {dag.dag_id!r}")
+        kwargs: dict[str, Any] = dict(msg.get("kwargs") or {})
+        if node.takes_context:
+            kwargs["context"] = _context(msg)
+        value = node.fn(*(msg.get("args") or []), **kwargs)
+        encoded = json.dumps(value)
+    except Exception as exc:
+        return {"ok": False, **error_message(exc, user_roots=roots)}
+    except BaseException as exc:  # SystemExit from user code ends the attempt, not the child
+        return {"ok": False, **error_message(exc, user_roots=roots)}
+    if len(encoded) > max_result_bytes:
+        return {
+            "ok": False,
+            "error_type": "ResultTooLarge",
+            "frame": "",
+            "message": f"result is {len(encoded)} bytes; the limit is {max_result_bytes}",
+            "traceback": "",
+            "retryable": False,
+        }
+    return {"ok": True, "value": value}
+
+
+def run_callback(cache: DagCache, msg: Message) -> Message:
+    """Run an on_retry / on_dead_letter callback; its failure is logged, never fatal."""
+    try:
+        dag = cache.get(msg["dag_id"], msg["version_hash"])
+        settings = dag.tasks[msg["task_id"]].settings
+        callback = settings.on_retry if msg["callback"] == "on_retry" else settings.on_dead_letter
+        if callback is not None:
+            callback(_context(msg), msg.get("error") or {})
+    except BaseException as exc:
+        log.warning(
+            "callback failed",
+            extra={
+                "event": "task_instance.callback_failed",
+                "callback": msg.get("callback"),
+                "error": repr(exc),
+            },
+        )
+        return {"ok": False, "error": repr(exc)}
+    return {"ok": True}
+
+
+def child_main(conn: Connection, folder: str, max_result_bytes: int) -> None:
+    """Entry point of a child: own process group, load DAGs, serve requests until EOF."""
+    os.setsid()  # a timeout kills this child's whole group, grandchildren included
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    cache = DagCache(Path(folder))
+    send(conn, {"ready": True})
+    while True:
+        try:
+            msg = receive(conn)
+        except (EOFError, OSError):
+            return
+        if msg["kind"] == "run":
+            reply = run_task(cache, msg, max_result_bytes=max_result_bytes)
+        else:
+            reply = run_callback(cache, msg)
+        send(conn, reply)

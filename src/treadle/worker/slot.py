@@ -1,0 +1,266 @@
+"""One execution slot: a long-lived child process and the thread that feeds it attempts."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from treadle.domain.dag_version import ArgRef, DagVersion
+from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.states import AttemptOutcome
+from treadle.engine.execution import Ending, complete_attempt, fail_attempt
+from treadle.store.database import Database
+from treadle.worker.child import child_main
+from treadle.worker.protocol import Message, receive, send, to_attempt_error
+
+log = logging.getLogger("treadle.worker")
+_spawn = mp.get_context("spawn")
+
+
+class ChildProcess:
+    """A spawned child running `child_main`; killed with its whole process group."""
+
+    def __init__(self, folder: Path, max_result_bytes: int) -> None:
+        self.folder = folder
+        self.max_result_bytes = max_result_bytes
+        self.conn: Connection | None = None
+        self.process: Any = None
+        self.start()
+
+    def start(self) -> None:
+        """Spawn the child and wait until it has imported the DAG folder."""
+        parent, child = _spawn.Pipe()
+        self.process = _spawn.Process(
+            target=child_main, args=(child, str(self.folder), self.max_result_bytes), daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.conn = parent
+        receive(parent)  # "ready" once the DAG folder is imported
+
+    def kill(self) -> None:
+        """Kill the child's process group (the task and anything it started)."""
+        pid = self.process.pid
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.join(timeout=5)
+        if self.conn is not None:
+            self.conn.close()
+
+    def restart(self) -> None:
+        """Replace a dead or killed child."""
+        self.kill()
+        self.start()
+
+    def exit_description(self) -> str:
+        """Describe how the child ended (after EOF on its pipe)."""
+        self.process.join(timeout=2)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return f"child process was killed by signal {signal.Signals(-code).name}"
+        return f"child process exited with code {code}"
+
+
+@dataclass(slots=True)
+class Running:
+    """The attempt a slot is running, and whether its lease was lost."""
+
+    task: ClaimedTask
+    revoked: bool = False
+
+
+class Slot(threading.Thread):
+    """Runs one attempt at a time in its child and reports the outcome, fenced by attempt."""
+
+    def __init__(
+        self,
+        index: int,
+        *,
+        db: Database,
+        worker_id: str,
+        hostname: str,
+        folder: Path,
+        max_result_bytes: int,
+        version: Callable[[int], DagVersion],
+        on_idle: Callable[[Slot], None],
+    ) -> None:
+        super().__init__(name=f"treadle-slot-{index}", daemon=True)
+        self.db, self.worker_id, self.hostname = db, worker_id, hostname
+        self.version = version
+        self.on_idle = on_idle
+        self.child = ChildProcess(folder, max_result_bytes)
+        self.running: Running | None = None
+        self._assigned = threading.Event()
+        self._stopping = threading.Event()
+
+    def assign(self, task: ClaimedTask) -> None:
+        """Give this idle slot an attempt to run."""
+        self.running = Running(task=task)
+        self._assigned.set()
+
+    def revoke(self, task_instance_id: int, attempt: int) -> None:
+        """The lease is gone: kill the attempt and report nothing for it (self-fencing)."""
+        current = self.running
+        if current and (current.task.task_instance_id, current.task.attempt) == (
+            task_instance_id,
+            attempt,
+        ):
+            current.revoked = True
+
+    def stop(self) -> None:
+        """Stop after the current attempt and end the child."""
+        self._stopping.set()
+        self._assigned.set()
+
+    def run(self) -> None:
+        self.on_idle(self)
+        while not self._stopping.is_set():
+            self._assigned.wait()
+            self._assigned.clear()
+            current = self.running
+            if current is None:
+                continue
+            try:
+                self._execute(current)
+            except Exception:  # last resort: the lease expires and the reaper records `lost`
+                log.exception("slot failed while running an attempt", extra={"event": "worker.slot_error"})
+            self.running = None
+            if not self._stopping.is_set():
+                self.on_idle(self)
+        self.child.kill()
+
+    def _execute(self, current: Running) -> None:
+        task = current.task
+        version = self.version(task.dag_version_id)
+        definition = version.structure.tasks[task.task_id]
+        args = [_resolve(a, task) for a in definition.args]
+        kwargs = {k: _resolve(v, task) for k, v in definition.kwargs.items()}
+        message = _base_message(task, version.version_hash) | {
+            "kind": "run",
+            "args": args,
+            "kwargs": kwargs,
+        }
+        deadline = time.monotonic() + task.timeout_s if task.timeout_s else None
+        outcome = self._exchange(message, deadline, current)
+        if outcome is None:
+            return  # revoked: another party owns the attempt now
+        if outcome.get("ok"):
+            self._report(
+                complete_attempt(
+                    self.db,
+                    task,
+                    worker_id=self.worker_id,
+                    hostname=self.hostname,
+                    value=outcome.get("value"),
+                )
+            )
+            return
+        kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
+        error = to_attempt_error(outcome)
+        ending = fail_attempt(
+            self.db,
+            task,
+            outcome=kind,
+            error=error,
+            worker_id=self.worker_id,
+            hostname=self.hostname,
+        )
+        self._report(ending)
+        self._callback(ending, definition.has_on_retry, definition.has_on_dead_letter, message, error)
+
+    def _exchange(self, message: Message, deadline: float | None, current: Running) -> Message | None:
+        """Send an attempt to the child and wait for its reply, the deadline, or revocation."""
+        assert self.child.conn is not None
+        send(self.child.conn, message)
+        while True:
+            wait = 0.5 if deadline is None else max(min(deadline - time.monotonic(), 0.5), 0)
+            try:
+                if self.child.conn.poll(wait):
+                    return receive(self.child.conn)
+            except (EOFError, OSError):
+                description = self.child.exit_description()
+                self.child.restart()
+                return {
+                    "ok": False,
+                    "error_type": "ChildProcessDied",
+                    "message": description,
+                    "frame": "",
+                    "traceback": "",
+                }
+            if current.revoked:
+                self.child.restart()
+                return None
+            if deadline is not None and time.monotonic() >= deadline:
+                self.child.restart()
+                return {
+                    "ok": False,
+                    "outcome": AttemptOutcome.TIMED_OUT.value,
+                    "error_type": "TaskTimeout",
+                    "frame": "",
+                    "traceback": "",
+                    "message": f"exceeded its timeout of {current.task.timeout_s} s; "
+                    "the process group was killed",
+                }
+
+    def _callback(
+        self,
+        ending: Ending,
+        has_on_retry: bool,
+        has_on_dead_letter: bool,
+        message: Message,
+        error: AttemptError,
+    ) -> None:
+        if not ending.applied or ending.decision is None:
+            return
+        name = "on_retry" if ending.decision.retry else "on_dead_letter"
+        if not (has_on_retry if ending.decision.retry else has_on_dead_letter):
+            return
+        assert self.child.conn is not None
+        send(
+            self.child.conn,
+            message
+            | {
+                "kind": "callback",
+                "callback": name,
+                "error": {"error_type": error.error_type, "message": error.message},
+            },
+        )
+        try:
+            if self.child.conn.poll(60):
+                receive(self.child.conn)
+            else:
+                self.child.restart()
+        except (EOFError, OSError):
+            self.child.restart()
+
+    def _report(self, ending: Ending) -> None:
+        if not ending.applied and self.running:
+            self.running.revoked = True
+
+
+def _resolve(arg: ArgRef, task: ClaimedTask) -> Any:
+    return task.upstream_results.get(arg.upstream) if arg.upstream else arg.literal
+
+
+def _base_message(task: ClaimedTask, version_hash: str) -> Message:
+    return {
+        "dag_id": task.dag_id,
+        "task_id": task.task_id,
+        "run_id": task.run_id,
+        "attempt": task.attempt,
+        "logical_date": task.logical_date.isoformat(),
+        "params": task.conf,
+        "upstream_results": task.upstream_results,
+        "version_hash": version_hash,
+    }

@@ -1,0 +1,200 @@
+"""The worker process: a claim loop bounded by free slots, a heartbeat thread, DAG refresh."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from treadle.authoring.loader import folder_signature, load_folder
+from treadle.config import Settings
+from treadle.domain.dag_version import DagVersion
+from treadle.engine.dags import SyncReport, sync_dags, version_of
+from treadle.engine.execution import claim_task_instances, extend_leases
+from treadle.engine.workers import record_worker, touch_worker
+from treadle.store.database import Database
+from treadle.store.notifications import listen_ready
+from treadle.worker.slot import Slot
+
+log = logging.getLogger("treadle.worker")
+
+
+def sync_dag_folder(db: Database, folder: Path) -> SyncReport:
+    """Import the DAG folder and register what it holds (structures and per-file errors)."""
+    loaded = load_folder(folder)
+    return sync_dags(
+        db,
+        structures=[d.structure() for d in loaded.dags.values()],
+        scanned_files=loaded.files,
+        errors={f: (e.message, e.traceback) for f, e in loaded.errors.items()},
+    )
+
+
+class Worker:
+    """Claims queued attempts up to its free slots and runs each in a child process."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        concurrency: int,
+        queues: list[str],
+        worker_id: str | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.db, self.settings = db, settings
+        self.concurrency, self.queues, self.poll_s = concurrency, queues, poll_s
+        self.hostname = socket.gethostname()
+        self.worker_id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self.idle: queue.SimpleQueue[Slot] = queue.SimpleQueue()
+        self.slots: list[Slot] = []
+        self._signature: tuple[tuple[str, int, int], ...] = ()
+        self._last_renewal = time.monotonic()
+
+    def version(self, version_id: int) -> DagVersion:
+        """Return a DAG version (cached)."""
+        cached = self.db.version_cache.get(version_id)
+        if cached is not None:
+            return cached
+        return self.db.query(lambda conn: version_of(self.db, conn, version_id))
+
+    def start(self) -> None:
+        """Register DAGs and this worker, spawn the slots, start the helper threads."""
+        self.refresh_dags()
+        record_worker(
+            self.db,
+            worker_id=self.worker_id,
+            hostname=self.hostname,
+            pid=os.getpid(),
+            queues=self.queues,
+            concurrency=self.concurrency,
+        )
+        for i in range(self.concurrency):
+            slot = Slot(
+                i,
+                db=self.db,
+                worker_id=self.worker_id,
+                hostname=self.hostname,
+                folder=self.settings.dags_folder,
+                max_result_bytes=self.settings.max_result_bytes,
+                version=self.version,
+                on_idle=self._slot_idle,
+            )
+            self.slots.append(slot)
+            slot.start()
+        threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
+        if self.db.dialect == "postgresql":
+            threading.Thread(
+                target=listen_ready,
+                name="treadle-listen",
+                daemon=True,
+                kwargs={"url": self.db.url, "on_notify": self.wake.set, "stop": self.stopping},
+            ).start()
+        log.info(
+            "worker started",
+            extra={
+                "event": "worker.started",
+                "worker_id": self.worker_id,
+                "concurrency": self.concurrency,
+                "queues": self.queues,
+            },
+        )
+
+    def refresh_dags(self) -> bool:
+        """Re-register the DAG folder if any file changed; returns True if it synced."""
+        signature = folder_signature(self.settings.dags_folder)
+        if signature == self._signature:
+            return False
+        report = sync_dag_folder(self.db, self.settings.dags_folder)
+        self._signature = signature
+        log.info(
+            "dags synced",
+            extra={"event": "dags.synced", "dags": report.dags, "errors": report.errors},
+        )
+        return True
+
+    def run(self) -> None:
+        """Claim and dispatch until stopped (call start() first)."""
+        next_refresh = time.monotonic() + self.settings.dag_refresh_s
+        while not self.stopping.is_set():
+            free = self.idle.qsize()
+            claimed = []
+            if free:
+                try:
+                    claimed = claim_task_instances(
+                        self.db,
+                        worker_id=self.worker_id,
+                        hostname=self.hostname,
+                        queues=self.queues,
+                        limit=free,
+                        lease_s=self.settings.lease_s,
+                    )
+                except Exception:
+                    log.exception("claim failed", extra={"event": "worker.claim_error"})
+                    self.stopping.wait(1.0)
+            for task in claimed:
+                self.idle.get().assign(task)
+            if time.monotonic() >= next_refresh:
+                next_refresh = time.monotonic() + self.settings.dag_refresh_s
+                self._refresh_quietly()
+            if not claimed or len(claimed) < free:
+                self.wake.wait(self.poll_s)
+                self.wake.clear()
+
+    def stop(self) -> None:
+        """Stop claiming, let running attempts finish their report, end the children."""
+        self.stopping.set()
+        self.wake.set()
+        for slot in self.slots:
+            slot.stop()
+        for slot in self.slots:
+            slot.join(timeout=10)
+        try:
+            touch_worker(self.db, self.worker_id, state="stopped")
+        except Exception:
+            log.exception("could not record worker stop", extra={"event": "worker.stop_error"})
+
+    def _slot_idle(self, slot: Slot) -> None:
+        self.idle.put(slot)
+        self.wake.set()
+
+    def _refresh_quietly(self) -> None:
+        try:
+            self.refresh_dags()
+        except Exception:
+            log.exception("dag refresh failed", extra={"event": "dags.sync_error"})
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopping.wait(self.settings.heartbeat_s):
+            self._heartbeat_once()
+
+    def _heartbeat_once(self) -> None:
+        current = [s.running for s in self.slots]
+        held = [(r.task.task_instance_id, r.task.attempt) for r in current if r is not None]
+        try:
+            renewed = extend_leases(
+                self.db, worker_id=self.worker_id, held=held, lease_s=self.settings.lease_s
+            )
+            touch_worker(self.db, self.worker_id, state="running")
+        except Exception:
+            log.exception("heartbeat failed", extra={"event": "worker.heartbeat_error"})
+            # Self-fence (F2): past our own monotonic deadline we can no longer be sure we own
+            # any attempt, so we stop them rather than risk running twice.
+            margin = self.settings.heartbeat_s
+            if time.monotonic() - self._last_renewal > self.settings.lease_s - margin:
+                for pair in held:
+                    for slot in self.slots:
+                        slot.revoke(*pair)
+            return
+        self._last_renewal = time.monotonic()
+        for pair in set(held) - renewed:
+            for slot in self.slots:
+                slot.revoke(*pair)
