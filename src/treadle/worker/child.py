@@ -65,10 +65,19 @@ def _context(msg: Message) -> TaskContext:
 
 
 def run_task(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message:
-    """Run one task callable; return {"ok": True, "value": ...} or an error description."""
+    """Run one task callable from the DAG folder (see call_task)."""
     roots = (str(cache.folder.resolve()), str(cache.folder))
     try:
         dag = cache.get(msg["dag_id"], msg["version_hash"])
+    except Exception as exc:
+        return {"ok": False, **error_message(exc, user_roots=roots)}
+    return call_task(dag, msg, max_result_bytes=max_result_bytes, user_roots=roots)
+
+
+def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tuple[str, ...]) -> Message:
+    """Run one task callable; return {"ok": True, "value": ...} or an error description."""
+    roots = user_roots
+    try:
         node = dag.tasks.get(msg["task_id"])
         if node is None:
             raise LookupError(f"task {msg['task_id']!r} is not defined in DAG {dag.dag_id!r}")
@@ -94,9 +103,17 @@ def run_task(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message
 
 
 def run_callback(cache: DagCache, msg: Message) -> Message:
-    """Run an on_retry / on_dead_letter callback; its failure is logged, never fatal."""
+    """Run an on_retry / on_dead_letter callback from the DAG folder (see call_callback)."""
     try:
         dag = cache.get(msg["dag_id"], msg["version_hash"])
+    except Exception as exc:
+        return {"ok": False, "error": repr(exc)}
+    return call_callback(dag, msg)
+
+
+def call_callback(dag: Dag, msg: Message) -> Message:
+    """Run an on_retry / on_dead_letter callback; its failure is logged, never fatal."""
+    try:
         settings = dag.tasks[msg["task_id"]].settings
         callback = settings.on_retry if msg["callback"] == "on_retry" else settings.on_dead_letter
         if callback is not None:

@@ -8,7 +8,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from treadle.domain.records import AttemptError
+from treadle.domain.dag_version import ArgRef, DagVersion
+from treadle.domain.records import AttemptError, ClaimedTask
 
 #: Any: messages are JSON objects.
 Message = dict[str, Any]
@@ -48,3 +49,25 @@ def to_attempt_error(data: Message) -> AttemptError:
         frame=str(data.get("frame", "")),
         retryable=bool(data.get("retryable", True)),
     )
+
+
+def run_message(task: ClaimedTask, version: DagVersion) -> Message:
+    """Build the request to run one claimed attempt, with its arguments resolved."""
+    definition = version.structure.tasks[task.task_id]
+
+    def resolve(arg: ArgRef) -> Any:
+        return task.upstream_results.get(arg.upstream) if arg.upstream else arg.literal
+
+    return {
+        "kind": "run",
+        "dag_id": task.dag_id,
+        "task_id": task.task_id,
+        "run_id": task.run_id,
+        "attempt": task.attempt,
+        "logical_date": task.logical_date.isoformat(),
+        "params": task.conf,
+        "upstream_results": task.upstream_results,
+        "version_hash": version.version_hash,
+        "args": [resolve(a) for a in definition.args],
+        "kwargs": {k: resolve(v) for k, v in definition.kwargs.items()},
+    }

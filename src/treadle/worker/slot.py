@@ -14,13 +14,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from treadle.domain.dag_version import ArgRef, DagVersion
+from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.execution import Ending, complete_attempt, fail_attempt
 from treadle.store.database import Database
 from treadle.worker.child import child_main
-from treadle.worker.protocol import Message, receive, send, to_attempt_error
+from treadle.worker.protocol import Message, receive, run_message, send, to_attempt_error
 
 log = logging.getLogger("treadle.worker")
 _spawn = mp.get_context("spawn")
@@ -144,13 +144,7 @@ class Slot(threading.Thread):
         task = current.task
         version = self.version(task.dag_version_id)
         definition = version.structure.tasks[task.task_id]
-        args = [_resolve(a, task) for a in definition.args]
-        kwargs = {k: _resolve(v, task) for k, v in definition.kwargs.items()}
-        message = _base_message(task, version.version_hash) | {
-            "kind": "run",
-            "args": args,
-            "kwargs": kwargs,
-        }
+        message = run_message(task, version)
         deadline = time.monotonic() + task.timeout_s if task.timeout_s else None
         outcome = self._exchange(message, deadline, current)
         if outcome is None:
@@ -247,20 +241,3 @@ class Slot(threading.Thread):
     def _report(self, ending: Ending) -> None:
         if not ending.applied and self.running:
             self.running.revoked = True
-
-
-def _resolve(arg: ArgRef, task: ClaimedTask) -> Any:
-    return task.upstream_results.get(arg.upstream) if arg.upstream else arg.literal
-
-
-def _base_message(task: ClaimedTask, version_hash: str) -> Message:
-    return {
-        "dag_id": task.dag_id,
-        "task_id": task.task_id,
-        "run_id": task.run_id,
-        "attempt": task.attempt,
-        "logical_date": task.logical_date.isoformat(),
-        "params": task.conf,
-        "upstream_results": task.upstream_results,
-        "version_hash": version_hash,
-    }

@@ -1,0 +1,7 @@
+"""`python -m treadle.cli`: same as the `treadle` command."""
+
+from __future__ import annotations
+
+from treadle.cli.main import main
+
+main()
