@@ -51,3 +51,7 @@ class ResultTooLarge(TreadleError):
 
 class SchemaOutOfDate(TreadleError):
     """The database schema is not at the revision this code expects; run `treadle db upgrade`."""
+
+
+class DatabaseUnavailable(TreadleError):
+    """The database cannot be reached."""

@@ -15,6 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from treadle.domain.dag_version import DagVersion
+from treadle.errors import DatabaseUnavailable
 from treadle.store import dialects
 
 log = logging.getLogger("treadle.store")
@@ -108,7 +109,7 @@ class Database:
             except sa.exc.DBAPIError as exc:
                 conflict = retry_conflicts and isinstance(exc, sa.exc.IntegrityError)
                 if n == attempts or not (conflict or is_transient(exc)):
-                    raise
+                    raise _translate(exc, self.url) from exc
                 delay = min(0.05 * 2**n, 2.0) * (0.5 + random.random())
                 log.warning(
                     "transient database error, retrying",
@@ -125,13 +126,25 @@ class Database:
                     return fn(conn)
             except sa.exc.DBAPIError as exc:
                 if n == attempts or not is_transient(exc):
-                    raise
+                    raise _translate(exc, self.url) from exc
                 time.sleep(min(0.05 * 2**n, 2.0) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
     def dispose(self) -> None:
         """Close every pooled connection."""
         self.engine.dispose()
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
+
+
+def _translate(exc: sa.exc.DBAPIError, url: str) -> Exception:
+    """Connection failures become DatabaseUnavailable; anything else stays as it is."""
+    if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+        return DatabaseUnavailable(f"cannot use database {redact(url)}: {exc.orig or exc}")
+    return exc
 
 
 def db_now(conn: Connection) -> datetime:

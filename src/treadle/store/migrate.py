@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from treadle.store.database import Database
+from treadle.errors import DatabaseUnavailable
+from treadle.store.database import Database, redact
 from treadle.store.tables import metadata
 
 _SCRIPTS = str(Path(__file__).parent / "migrations")
@@ -31,8 +33,19 @@ def head_revision() -> str:
 
 def current_revision(db: Database) -> str | None:
     """Return the revision the database is at (None if never migrated)."""
-    with db.engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    if db.is_sqlite and not _sqlite_exists(db):
+        return None
+    try:
+        with db.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except sa.exc.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot use database {redact(db.url)}: {exc.orig or exc}") from exc
+
+
+def _sqlite_exists(db: Database) -> bool:
+    """A missing SQLite file is "no schema yet"; reading must not create it."""
+    path = db.engine.url.database
+    return not path or path == ":memory:" or Path(path).exists()
 
 
 def upgrade(db: Database, revision: str = "head") -> None:

@@ -1,0 +1,180 @@
+"""Shared plumbing for the benchmarks: databases, real treadle processes, DB-clock figures.
+
+Every figure is computed from timestamps the database wrote (its clock is the only one
+treadle trusts), except the explicitly labelled wall-clock times measured here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+PG_ADMIN_URL = os.environ.get("TREADLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def pg_url(name: str) -> str:
+    """URL of database `name` on the benchmark PostgreSQL server."""
+    base, _, _ = PG_ADMIN_URL.rpartition("/")
+    return f"{base}/{name}"
+
+
+@contextmanager
+def pg_database(prefix: str) -> Iterator[str]:
+    """Create a fresh PostgreSQL database for one benchmark and drop it afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg_url(name)
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def treadle_env(*, database_url: str, dags_folder: Path, home: Path, **extra: str) -> dict[str, str]:
+    """Environment for one treadle process of a benchmark."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "TREADLE_DATABASE_URL": database_url,
+            "TREADLE_DAGS_FOLDER": str(dags_folder),
+            "TREADLE_HOME": str(home),
+            "TREADLE_SCHEDULER_TICK_SECONDS": "0.5",
+            **extra,
+        }
+    )
+    return env
+
+
+def cli(args: list[str], env: dict[str, str], *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run one `treadle` command to completion; raise with its stderr if it fails."""
+    done = subprocess.run(
+        [sys.executable, "-m", "treadle.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"treadle {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return done
+
+
+class Processes:
+    """Long-running treadle processes, each in its own session so a kill takes its children."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+        """Start `treadle ARGS...` with stdout and stderr going to `log_path`."""
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "treadle.cli", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        """SIGTERM every process group, then SIGKILL whatever is left."""
+        for proc in self.procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc, signal.SIGKILL)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_for(what: str, check: Callable[[], bool], *, timeout: float, every: float = 0.1) -> float:
+    """Poll `check` until it is true; returns the wait in seconds, raises TimeoutError."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+    return time.monotonic() - start
+
+
+def log_mentions(path: Path, text: str, *, count: int = 1) -> bool:
+    """True once `text` appears at least `count` times in a log file."""
+    try:
+        return path.read_text(errors="replace").count(text) >= count
+    except FileNotFoundError:
+        return False
+
+
+def check_alive(procs: Processes, logs: list[Path]) -> None:
+    """Raise if a treadle process ended early, quoting the end of its log."""
+    for proc, log in zip(procs.procs, logs, strict=False):
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            raise RuntimeError(f"a treadle process exited with {proc.returncode}:\n{tail}")
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile (pct in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(int(round(pct / 100 * len(ordered) + 0.5)) - 1, 0)
+    return ordered[min(rank, len(ordered) - 1)]
+
+
+def summary_ms(values_s: list[float]) -> dict[str, float]:
+    """Median, p95, min and max of durations in seconds, as milliseconds."""
+    if not values_s:
+        return {}
+    return {
+        "median_ms": round(statistics.median(values_s) * 1000, 2),
+        "p95_ms": round(percentile(values_s, 95) * 1000, 2),
+        "min_ms": round(min(values_s) * 1000, 2),
+        "max_ms": round(max(values_s) * 1000, 2),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    return {"cores": os.cpu_count(), "python": sys.version.split()[0], "platform": sys.platform}
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print the one JSON object a benchmark reports."""
+    print(json.dumps(result, indent=2, default=str))
+
+
+def count_in_logs(paths: list[Path], text: str) -> int:
+    """How many times `text` occurs across some log files (case-insensitive)."""
+    total = 0
+    for path in paths:
+        if path.exists():
+            total += path.read_text(errors="replace").lower().count(text.lower())
+    return total

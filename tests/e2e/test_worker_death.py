@@ -1,0 +1,103 @@
+"""A worker killed with SIGKILL mid-task leaves nothing stuck: its lease expires, the attempt is
+recorded `lost`, and the task is retried and succeeds on the surviving worker."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import SHORT_LEASE, Cluster, process_alive
+from tests.helpers.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+KILL_ME_DAG = """
+    from __future__ import annotations
+
+    import os
+    import time
+
+    from treadle import TaskContext, dag, task
+
+    EVENTS = __EVENTS__
+    PIDS = __PIDS__
+
+
+    def note(line: str) -> None:
+        fd = os.open(EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\\n").encode())
+        finally:
+            os.close(fd)
+
+
+    @task(retries=2, retry_delay=0)
+    def slow(context: TaskContext) -> dict:
+        with open(os.path.join(PIDS, f"slow-{context.attempt}"), "w") as f:
+            f.write(str(os.getpid()))
+        note(f"start {context.attempt} {os.getpid()}")
+        if context.attempt == 1:
+            time.sleep(60)
+        note(f"end {context.attempt} {os.getpid()}")
+        return {"attempt": context.attempt}
+
+
+    @task
+    def after(value: dict) -> int:
+        return value["attempt"]
+
+
+    @dag(dag_id="kill_me")
+    def kill_me() -> None:
+        after(slow())
+"""
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_sigkilled_worker_attempt_is_lost_then_retried_elsewhere(
+    db_url: str, cluster: Callable[..., Cluster]
+) -> None:
+    c = cluster(db_url, **SHORT_LEASE)
+    events = c.root / "events.log"
+    c.write_dag("kill_me.py", KILL_ME_DAG, events=str(events), pids=str(c.pids))
+    assert c.cli("dags", "sync").returncode == 0
+    c.start("scheduler", "scheduler")
+    workers = {"w1": c.worker("w1"), "w2": c.worker("w2")}
+
+    run_id = c.trigger("kill_me")
+    wait_for(lambda: any(line.startswith("start 1 ") for line in _lines(events)), timeout=30)
+    slow_ti = next(t for t in c.detail(run_id).task_instances if t.task_id == "slow")
+    assert slow_ti.state == "running" and slow_ti.attempt == 1 and slow_ti.worker_id
+    victim = next(n for n, p in workers.items() if f"-{p.pid}-" in slow_ti.worker_id)
+    survivor = next(n for n in workers if n != victim)
+    child_pid = int((c.pids / "slow-1").read_text())
+
+    c.signal(victim, signal.SIGKILL)
+    workers[victim].wait(timeout=10)
+    # The attempt's child process does not outlive its worker (else attempt 1 would still run
+    # next to attempt 2).
+    wait_for(lambda: not process_alive(child_pid), timeout=5, message="orphaned task child to exit")
+
+    detail = c.wait_run(run_id, timeout=45)
+
+    assert detail.run.state == "success"
+    states = {t.task_id: t for t in detail.task_instances}
+    assert states["slow"].state == "success" and states["slow"].attempt == 2
+    assert states["slow"].orphaned_count == 1
+    assert states["after"].state == "success"
+    slow_attempts = [a for a in detail.attempts if a.task_id == "slow"]
+    assert [(a.attempt, a.outcome) for a in slow_attempts] == [(1, "lost"), (2, "success")]
+    lost, won = slow_attempts
+    assert lost.error_type == "LeaseExpired"
+    assert lost.late_result is None
+    assert won.worker_id is not None and f"-{workers[survivor].pid}-" in won.worker_id
+    assert detail.results == {"slow": {"attempt": 2}, "after": 2}
+    # Attempt 1 never finished: its only trace is the start line.
+    assert [line.split()[:2] for line in _lines(events)] == [["start", "1"], ["start", "2"], ["end", "2"]]
+    assert workers[survivor].poll() is None

@@ -1,0 +1,139 @@
+"""Leases and fencing through the engine on SQLite and PostgreSQL (no processes needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers.wait import wait_for
+from treadle import dag, task
+from treadle.domain.records import AttemptError
+from treadle.domain.states import AttemptOutcome
+from treadle.engine import queries
+from treadle.engine.execution import claim_task_instances, complete_attempt, extend_leases, fail_attempt
+from treadle.engine.reaper import promote_due_retries, reap_expired_leases
+from treadle.testing import DagRunner
+
+
+@task(retries=5, retry_delay=0)
+def work() -> str:
+    return "done"
+
+
+@dag(dag_id="single")
+def single() -> None:
+    work()
+
+
+@task(priority_weight=10)
+def urgent() -> None:
+    return None
+
+
+@task(queue="other")
+def elsewhere() -> None:
+    return None
+
+
+@dag(dag_id="wide")
+def wide() -> None:
+    for _ in range(5):
+        work()
+    urgent()
+    elsewhere()
+
+
+@pytest.fixture
+def runner(db_url: str) -> Iterator[DagRunner]:
+    r = DagRunner(single, database_url=db_url)
+    yield r
+    r.close()
+
+
+def _claim(runner: DagRunner, worker: str, *, lease_s: float = 30.0, limit: int = 1):  # type: ignore[no-untyped-def]
+    return claim_task_instances(
+        runner.db, worker_id=worker, hostname="h", queues=["default"], limit=limit, lease_s=lease_s
+    )
+
+
+def _reap_one(runner: DagRunner) -> None:
+    wait_for(lambda: reap_expired_leases(runner.db) == 1, timeout=10, message="lease to expire")
+
+
+def test_late_completion_from_a_lost_worker_is_discarded(runner: DagRunner) -> None:
+    run_id = runner.trigger()
+    [stale] = _claim(runner, "worker-a", lease_s=0.05)
+    _reap_one(runner)
+
+    ending = complete_attempt(runner.db, stale, worker_id="worker-a", hostname="h", value="zombie")
+
+    assert not ending.applied
+    detail = queries.run_detail(runner.db, run_id)
+    [attempt] = detail.attempts
+    assert (attempt.outcome, attempt.late_result) == ("lost", "late success discarded")
+    assert detail.task_instances[0].state == "retry_wait"
+    assert detail.results == {}
+
+    promote_due_retries(runner.db)
+    [fresh] = _claim(runner, "worker-b")
+    assert fresh.attempt == 2
+    assert complete_attempt(runner.db, fresh, worker_id="worker-b", hostname="h", value="ok").applied
+    # The zombie cannot fail the new attempt either: its fence (attempt 1) no longer matches.
+    late_fail = fail_attempt(
+        runner.db,
+        stale,
+        outcome=AttemptOutcome.FAILED,
+        error=AttemptError(error_type="E", message="late"),
+        worker_id="worker-a",
+        hostname="h",
+    )
+    assert not late_fail.applied
+    final = runner.run_until_done(run_id)
+    assert final.state == "success"
+    assert final.results == {"work": "ok"}
+
+
+def test_three_lost_leases_dead_letter_as_poison(runner: DagRunner) -> None:
+    run_id = runner.trigger()
+    for _ in range(3):
+        promote_due_retries(runner.db)
+        _claim(runner, "crashy", lease_s=0.05)
+        _reap_one(runner)
+
+    detail = queries.run_detail(runner.db, run_id)
+    ti = detail.task_instances[0]
+    assert (ti.state, ti.dead_letter_reason, ti.orphaned_count) == ("dead_letter", "poison", 3)
+    assert [a.outcome for a in detail.attempts] == ["lost"] * 3
+    assert detail.run.state == "failed"
+
+
+def test_heartbeat_keeps_a_lease_and_reports_lost_ones(runner: DagRunner) -> None:
+    runner.trigger()
+    [held] = _claim(runner, "w1", lease_s=0.05)
+    pair = (held.task_instance_id, held.attempt)
+    assert extend_leases(runner.db, worker_id="w1", held=[pair], lease_s=30) == {pair}
+    assert reap_expired_leases(runner.db) == 0
+    assert extend_leases(runner.db, worker_id="someone-else", held=[pair], lease_s=30) == set()
+
+
+def test_claim_honours_limit_priority_and_queue(db_url: str) -> None:
+    r = DagRunner(wide, database_url=db_url)
+    try:
+        r.trigger()
+        first = claim_task_instances(
+            r.db, worker_id="w", hostname="h", queues=["default"], limit=3, lease_s=30
+        )
+        assert len(first) == 3
+        assert "urgent" in {t.task_id for t in first}  # highest priority is claimed first
+        rest = claim_task_instances(
+            r.db, worker_id="w", hostname="h", queues=["default"], limit=50, lease_s=30
+        )
+        assert len(rest) == 3
+        assert "elsewhere" not in {t.task_id for t in first + rest}
+        other = claim_task_instances(
+            r.db, worker_id="w", hostname="h", queues=["other"], limit=50, lease_s=30
+        )
+        assert [t.task_id for t in other] == ["elsewhere"]
+    finally:
+        r.close()

@@ -1,0 +1,53 @@
+"""Retry policy: backoff growth, cap, jitter bounds, exhaustion and poison."""
+
+from __future__ import annotations
+
+import pytest
+
+from treadle.domain.retry import RetryPolicy, decide_retry
+from treadle.domain.states import DeadLetterReason
+
+POLICY = RetryPolicy(retries=5, retry_delay_s=10, backoff_factor=2, max_retry_delay_s=60, jitter=0.2)
+
+
+@pytest.mark.parametrize(("attempt", "base"), [(1, 10), (2, 20), (3, 40), (4, 60), (5, 60)])
+def test_delay_grows_exponentially_and_is_capped(attempt: int, base: float) -> None:
+    low, high = POLICY.delay_range(attempt)
+    assert low == pytest.approx(base * 0.8)
+    assert high == pytest.approx(min(base * 1.2, 60))
+
+
+@pytest.mark.parametrize("rand", [0.0, 0.25, 0.5, 0.999])
+def test_jittered_delay_stays_in_range(rand: float) -> None:
+    for attempt in range(1, 6):
+        low, high = POLICY.delay_range(attempt)
+        assert low <= POLICY.delay_s(attempt, rand=rand) <= high
+
+
+def test_jitter_spreads_delays() -> None:
+    assert POLICY.delay_s(1, rand=0.0) < POLICY.delay_s(1, rand=0.99)
+
+
+def test_retries_until_budget_is_spent() -> None:
+    decisions = [
+        decide_retry(POLICY, attempt_in_budget=n, orphaned_count=0, retryable=True, rand=0.5)
+        for n in range(1, 7)
+    ]
+    assert [d.retry for d in decisions] == [True] * 5 + [False]
+    assert decisions[-1].dead_letter_reason is DeadLetterReason.RETRIES_EXHAUSTED
+
+
+def test_three_orphanings_make_a_poison_dead_letter_whatever_the_budget() -> None:
+    decision = decide_retry(POLICY, attempt_in_budget=3, orphaned_count=3, retryable=True, rand=0.5)
+    assert not decision.retry
+    assert decision.dead_letter_reason is DeadLetterReason.POISON
+
+
+def test_non_retryable_error_dead_letters_at_once() -> None:
+    decision = decide_retry(POLICY, attempt_in_budget=1, orphaned_count=0, retryable=False, rand=0.5)
+    assert decision.dead_letter_reason is DeadLetterReason.NON_RETRYABLE
+
+
+def test_zero_retries_dead_letters_first_failure() -> None:
+    decision = decide_retry(RetryPolicy(), attempt_in_budget=1, orphaned_count=0, retryable=True, rand=0)
+    assert not decision.retry
