@@ -36,7 +36,8 @@ def current_revision(db: Database) -> str | None:
     if db.is_sqlite and not _sqlite_exists(db):
         return None
     try:
-        with db.engine.connect() as conn:
+        with db.engine.connect() as raw:
+            conn = raw.execution_options(treadle_readonly=True)
             return MigrationContext.configure(conn).get_current_revision()
     except sa.exc.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot use database {redact(db.url)}: {exc.orig or exc}") from exc

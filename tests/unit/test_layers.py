@@ -1,0 +1,57 @@
+"""Layer rules that keep the design honest: a pure domain, SQL only in the store, a frozen API."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import treadle
+
+SRC = Path(treadle.__file__).parent
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_domain_imports_no_io_and_no_other_layer() -> None:
+    allowed_prefixes = ("treadle.domain", "treadle.errors")
+    for path in (SRC / "domain").glob("*.py"):
+        for name in _imports(path):
+            if name.startswith("treadle"):
+                assert name.startswith(allowed_prefixes), f"{path.name} imports {name}"
+            assert not name.startswith(("sqlalchemy", "psycopg", "click", "rich")), f"{path.name}: {name}"
+
+
+def test_domain_reads_no_clock() -> None:
+    for path in (SRC / "domain").glob("*.py"):
+        text = path.read_text()
+        for forbidden in ("datetime.now", "time.time", "time.monotonic", "date.today"):
+            assert forbidden not in text, f"{path.name} reads the clock ({forbidden})"
+
+
+def test_only_the_store_imports_sqlalchemy_or_psycopg() -> None:
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("store/"):
+            continue
+        for name in _imports(path):
+            assert not name.startswith(("sqlalchemy", "psycopg")) or name == "sqlalchemy.engine", (
+                f"{rel} imports {name}"
+            )
+
+
+def test_scheduler_never_imports_user_code_loader() -> None:
+    for path in (SRC / "scheduler").glob("*.py"):
+        assert not any("loader" in n or "authoring" in n for n in _imports(path)), path.name
+
+
+def test_public_api_is_frozen() -> None:
+    assert sorted(treadle.__all__) == ["Dag", "TaskContext", "TaskOutput", "dag", "task"]
