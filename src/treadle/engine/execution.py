@@ -148,10 +148,12 @@ def fail_attempt(
     worker_id: str | None,
     hostname: str | None,
     lease_expired_before: datetime | None = None,
+    lost_by: str | None = None,
 ) -> Ending:
     """Record an unsuccessful attempt and apply the retry policy (retry_wait or dead_letter).
 
-    A worker passes its `worker_id` (fence); the reaper passes `lease_expired_before` instead.
+    A worker passes its `worker_id` (fence); the reaper passes `lease_expired_before` instead,
+    and `lost_by`, the worker that held the lease, for the attempt's record.
     """
     orphaned = outcome is AttemptOutcome.LOST
     rand = random.random()
@@ -191,7 +193,7 @@ def fail_attempt(
             task,
             outcome=outcome,
             now=now,
-            worker_id=worker_id or "",
+            worker_id=worker_id or lost_by or "",
             hostname=hostname or "",
             error=error,
             retry_delay_s=decision.delay_s if decision.retry else None,

@@ -71,6 +71,7 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
             worker_id=None,
             hostname=r.hostname,
             lease_expired_before=now,
+            lost_by=r.worker_id,
         )
         if ending.applied:
             reaped += 1
