@@ -139,6 +139,15 @@ class Cluster:
         """Everything recorded about a run."""
         return queries.run_detail(self.db, run_id)
 
+    def wait_dag(self, dag_id: str, *, timeout: float = 30.0) -> None:
+        """Wait until a process has registered `dag_id` from the DAG folder."""
+        wait_for(
+            lambda: queries.get_dag(self.db, dag_id) is not None,
+            timeout=timeout,
+            interval=0.1,
+            message=f"DAG {dag_id} to be registered",
+        )
+
     def wait_run(self, run_id: str, *, timeout: float = 60.0) -> RunDetail:
         """Wait until the run is terminal and return its detail."""
 

@@ -18,6 +18,7 @@ KILL_ME_DAG = """
     from __future__ import annotations
 
     import os
+    import subprocess
     import time
 
     from treadle import TaskContext, dag, task
@@ -40,6 +41,9 @@ KILL_ME_DAG = """
             f.write(str(os.getpid()))
         note(f"start {context.attempt} {os.getpid()}")
         if context.attempt == 1:
+            helper = subprocess.Popen(["sleep", "60"])
+            with open(os.path.join(PIDS, "slow-1-sleep"), "w") as f:
+                f.write(str(helper.pid))
             time.sleep(60)
         note(f"end {context.attempt} {os.getpid()}")
         return {"attempt": context.attempt}
@@ -71,18 +75,23 @@ def test_sigkilled_worker_attempt_is_lost_then_retried_elsewhere(
     workers = {"w1": c.worker("w1"), "w2": c.worker("w2")}
 
     run_id = c.trigger("kill_me")
-    wait_for(lambda: any(line.startswith("start 1 ") for line in _lines(events)), timeout=30)
+    wait_for(lambda: (c.pids / "slow-1-sleep").exists(), timeout=30, message="attempt 1 to start")
     slow_ti = next(t for t in c.detail(run_id).task_instances if t.task_id == "slow")
     assert slow_ti.state == "running" and slow_ti.attempt == 1 and slow_ti.worker_id
     victim = next(n for n, p in workers.items() if f"-{p.pid}-" in slow_ti.worker_id)
     survivor = next(n for n in workers if n != victim)
-    child_pid = int((c.pids / "slow-1").read_text())
+    task_pids = [int((c.pids / name).read_text()) for name in ("slow-1", "slow-1-sleep")]
+    assert all(process_alive(pid) for pid in task_pids)
 
     c.signal(victim, signal.SIGKILL)
     workers[victim].wait(timeout=10)
-    # The attempt's child process does not outlive its worker (else attempt 1 would still run
-    # next to attempt 2).
-    wait_for(lambda: not process_alive(child_pid), timeout=5, message="orphaned task child to exit")
+    # The attempt's child process and what it started do not outlive their worker (else
+    # attempt 1 would still be running next to attempt 2).
+    wait_for(
+        lambda: not any(process_alive(pid) for pid in task_pids),
+        timeout=5,
+        message="the killed worker's task processes to exit",
+    )
 
     detail = c.wait_run(run_id, timeout=45)
 
@@ -95,9 +104,81 @@ def test_sigkilled_worker_attempt_is_lost_then_retried_elsewhere(
     assert [(a.attempt, a.outcome) for a in slow_attempts] == [(1, "lost"), (2, "success")]
     lost, won = slow_attempts
     assert lost.error_type == "LeaseExpired"
+    assert lost.worker_id == slow_ti.worker_id
     assert lost.late_result is None
     assert won.worker_id is not None and f"-{workers[survivor].pid}-" in won.worker_id
     assert detail.results == {"slow": {"attempt": 2}, "after": 2}
     # Attempt 1 never finished: its only trace is the start line.
     assert [line.split()[:2] for line in _lines(events)] == [["start", "1"], ["start", "2"], ["end", "2"]]
     assert workers[survivor].poll() is None
+
+
+POISON_DAG = """
+    from __future__ import annotations
+
+    import os
+    import signal
+
+    from treadle import dag, task
+
+
+    @task(retries=10, retry_delay=0)
+    def poison() -> None:
+        os.kill(os.getppid(), signal.SIGKILL)  # takes its worker down, every time
+
+
+    @task
+    def healthy() -> str:
+        return "ok"
+
+
+    @dag(dag_id="poisoned")
+    def poisoned() -> None:
+        poison()
+        healthy()
+"""
+
+
+@pytest.mark.postgres
+def test_task_that_kills_its_worker_is_dead_lettered_as_poison_after_three_losses(
+    pg_url: str, cluster: Callable[..., Cluster]
+) -> None:
+    c = cluster(pg_url, **SHORT_LEASE)
+    c.write_dag("poisoned.py", POISON_DAG)
+    assert c.cli("dags", "sync").returncode == 0
+    c.start("scheduler", "scheduler")
+    c.worker("worker")
+    run_id = c.trigger("poisoned")
+    restarts = 0
+
+    def supervise() -> bool:
+        """Restart the worker whenever the poison task has killed it (like a process supervisor)."""
+        nonlocal restarts
+        ti = next(t for t in c.detail(run_id).task_instances if t.task_id == "poison")
+        if ti.state == "dead_letter":
+            return True
+        if c.procs["worker"].poll() is not None:
+            c.worker("worker")
+            restarts += 1
+        return False
+
+    wait_for(supervise, timeout=60, interval=0.2, message="the poison task to be dead-lettered")
+    detail = c.wait_run(run_id, timeout=30)
+
+    assert detail.run.state == "failed"
+    poison = next(t for t in detail.task_instances if t.task_id == "poison")
+    assert (poison.state, poison.dead_letter_reason, poison.orphaned_count) == ("dead_letter", "poison", 3)
+    attempts = [a for a in detail.attempts if a.task_id == "poison"]
+    # Three lease expiries end it, although its retry budget (10) is far from spent.
+    assert [(a.attempt, a.outcome, a.error_type) for a in attempts] == [
+        (n, "lost", "LeaseExpired") for n in (1, 2, 3)
+    ]
+    assert attempts[-1].retry_delay_s is None
+    assert restarts == 3  # one per attempt; no fourth attempt was started
+    assert c.procs["worker"].poll() is None
+    healthy = next(t for t in detail.task_instances if t.task_id == "healthy")
+    assert healthy.state == "success"
+    dead = c.cli_json("dead-letters", "list")
+    assert [(d["task_instance"]["task_id"], d["task_instance"]["dead_letter_reason"]) for d in dead] == [
+        ("poison", "poison")
+    ]

@@ -1,0 +1,123 @@
+"""CLI smoke test against a running `treadle standalone`: tables for people, JSON for scripts,
+clear errors with a non-zero exit for bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from tests.e2e.conftest import Cluster
+
+pytestmark = pytest.mark.e2e
+
+REPORT_DAG = """
+    from __future__ import annotations
+
+    from treadle import TaskContext, dag, task
+
+
+    @task
+    def extract(context: TaskContext) -> list[int]:
+        return list(range(context.params.get("rows", 3)))
+
+
+    @task
+    def summarise(rows: list[int]) -> dict:
+        return {"count": len(rows), "total": sum(rows)}
+
+
+    @task
+    def publish(summary: dict, context: TaskContext) -> str:
+        return f"{context.params.get('title', 'report')}: {summary['count']} rows, total {summary['total']}"
+
+
+    @dag(dag_id="report")
+    def report() -> None:
+        publish(summarise(extract()))
+"""
+
+
+def test_cli_smoke(sqlite_url: str, cluster: Callable[..., Cluster]) -> None:
+    c = cluster(sqlite_url)
+    c.write_dag("report.py", REPORT_DAG)
+    c.start("standalone", "standalone", "--concurrency", "2")
+    c.wait_dag("report")
+    run_id = c.trigger("report", {"rows": 4, "title": "weekly"})
+    assert c.wait_run(run_id, timeout=30).run.state == "success"
+
+    # A readable table: the run header, every task with its state and result, every attempt.
+    shown = c.cli("runs", "show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert f"run {run_id}  dag report  state success" in out
+    assert '"title": "weekly"' in out
+    assert "Task instances" in out and "Attempts" in out
+    for task_id in ("extract", "summarise", "publish"):
+        line = next(line for line in out.splitlines() if f" {task_id} " in line)
+        assert "success" in line, line
+    assert '"weekly: 4 rows, total 6"' in out
+    assert "Traceback" not in out + shown.stderr
+
+    detail = c.cli_json("runs", "show", run_id)
+    assert detail["run"]["state"] == "success"
+    assert detail["run"]["conf"] == {"rows": 4, "title": "weekly"}
+    assert detail["results"] == {
+        "extract": [0, 1, 2, 3],
+        "summarise": {"count": 4, "total": 6},
+        "publish": "weekly: 4 rows, total 6",
+    }
+    assert sorted((a["task_id"], a["attempt"], a["outcome"]) for a in detail["attempts"]) == [
+        ("extract", 1, "success"),
+        ("publish", 1, "success"),
+        ("summarise", 1, "success"),
+    ]
+    assert [r["run_id"] for r in c.cli_json("runs", "list", "report")] == [run_id]
+    assert [d["dag_id"] for d in c.cli_json("dags", "list")] == ["report"]
+    assert c.cli_json("dead-letters", "list") == []
+    assert c.cli_json("dead-letters", "list", "--group") == []
+    assert "report" in c.cli("runs", "list").stdout
+
+    # `tasks test` runs one task in-process with given upstream results and conf.
+    tested = c.cli(
+        "tasks", "test", "report", "publish", "--upstream", 'summarise={"count": 2, "total": 9}',
+        "--conf", '{"title": "adhoc"}',
+    )  # fmt: skip
+    assert tested.returncode == 0, tested.stderr
+    assert json.loads(tested.stdout) == "adhoc: 2 rows, total 9"
+    tested = c.cli("tasks", "test", "report", "summarise", "--upstream", "extract=[5, 6]")
+    assert tested.returncode == 0, tested.stderr
+    assert json.loads(tested.stdout) == {"count": 2, "total": 11}
+
+    # Bad input: one clear line on stderr, non-zero exit, no traceback, nothing recorded.
+    bad_inputs = {
+        ("dags", "trigger", "report", "--conf", "{not json"): "error: --conf is not valid JSON",
+        ("dags", "trigger", "report", "--conf", "[1, 2]"): "error: --conf must be a JSON object",
+        ("dags", "trigger", "nope"): "error: no DAG 'nope' is registered",
+        ("runs", "show", "no-such-run"): "error: no run 'no-such-run'",
+        ("tasks", "test", "report", "summarise"): "pass them with --upstream TASK_ID=JSON",
+        ("tasks", "test", "report", "summarise", "--upstream", "extract"): "must look like TASK_ID=JSON",
+        (
+            "tasks",
+            "test",
+            "report",
+            "summarise",
+            "--upstream",
+            "extract=[1,",
+        ): "--upstream extract: invalid JSON",
+        (
+            "tasks",
+            "test",
+            "report",
+            "nope",
+        ): "DAG 'report' has no task 'nope'; tasks: extract, publish, summarise",
+        ("tasks", "test", "report", "extract", "--conf", "{bad"): "error: --conf is not valid JSON",
+    }
+    for args, message in bad_inputs.items():
+        done = c.cli(*args)
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+    assert len(c.cli_json("runs", "list")) == 1
+    assert c.procs["standalone"].poll() is None
