@@ -145,7 +145,7 @@ def check_alive(procs: Processes, logs: list[Path]) -> None:
 def percentile(values: list[float], pct: float) -> float:
     """Nearest-rank percentile (pct in 0..100) of a non-empty list."""
     ordered = sorted(values)
-    rank = max(int(round(pct / 100 * len(ordered) + 0.5)) - 1, 0)
+    rank = max(round(pct / 100 * len(ordered) + 0.5) - 1, 0)
     return ordered[min(rank, len(ordered) - 1)]
 
 
@@ -178,3 +178,76 @@ def count_in_logs(paths: list[Path], text: str) -> int:
         if path.exists():
             total += path.read_text(errors="replace").lower().count(text.lower())
     return total
+
+
+def print_log_tails(logs: list[Path]) -> None:
+    """Copy the end of each treadle log to stderr (called on failure, before the temp folder goes)."""
+    for path in logs:
+        if path.exists():
+            print(f"--- {path.name} (end) ---", file=sys.stderr)
+            print(path.read_text(errors="replace")[-4000:], file=sys.stderr)
+
+
+def _proc_stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of a live process, from /proc."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks
+
+
+def cpu_seconds(roots: list[int]) -> float:
+    """CPU seconds used so far by some processes and all their live descendants (Linux only)."""
+    if not Path("/proc/self/stat").exists():
+        return float("nan")
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (found := _proc_stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = found
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo, seen = 0.0, list(roots), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in stats:
+            continue
+        seen.add(pid)
+        total += stats[pid][1]
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def pg_backend_pids(url: str) -> list[int]:
+    """Server process ids of every other session on the benchmark's database."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+class CpuMeter:
+    """CPU used by some treadle processes (with their children) and the database's sessions."""
+
+    def __init__(self, url: str | None, roots: list[int]) -> None:
+        self.url, self.roots = url, roots
+        self.start_procs = cpu_seconds(roots)
+        self.start_pg = self._pg()
+
+    def _pg(self) -> dict[int, float]:
+        if self.url is None:
+            return {}
+        return {pid: cpu_seconds([pid]) for pid in pg_backend_pids(self.url)}
+
+    def figures(self, tasks: int) -> dict[str, float]:
+        """CPU milliseconds per task so far, split into treadle processes and database sessions."""
+        procs = cpu_seconds(self.roots) - self.start_procs
+        result = {"treadle_cpu_ms_per_task": round(procs * 1000 / tasks, 3)}
+        if self.url is not None:
+            pg = sum(max(c - self.start_pg.get(pid, 0.0), 0.0) for pid, c in self._pg().items())
+            result["postgres_cpu_ms_per_task"] = round(pg * 1000 / tasks, 3)
+        return result

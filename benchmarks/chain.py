@@ -8,6 +8,7 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 import textwrap
@@ -24,6 +25,7 @@ from _common import (
     log_mentions,
     machine,
     pg_database,
+    print_log_tails,
     summary_ms,
     treadle_env,
     wait_for,
@@ -72,11 +74,9 @@ def measure(url: str, run_id: str) -> dict[str, Any]:
         run = conn.execute(
             "SELECT created_at, ended_at, state FROM dag_runs WHERE run_id = %s", (run_id,)
         ).fetchone()
-        attempts = conn.execute(
-            "SELECT count(*) FROM task_attempts WHERE run_id = %s", (run_id,)
-        ).fetchone()
+        attempts = conn.execute("SELECT count(*) FROM task_attempts WHERE run_id = %s", (run_id,)).fetchone()
     assert run is not None and attempts is not None
-    hops = [(b[0] - a[1]).total_seconds() for a, b in zip(rows, rows[1:], strict=False)]
+    hops = [(b[0] - a[1]).total_seconds() for a, b in itertools.pairwise(rows)]
     return {
         "run_state": run[2],
         "attempts_recorded": attempts[0],
@@ -119,6 +119,9 @@ def main() -> None:
             wait_for("the run to finish", finished, timeout=args.timeout, every=0.05)
             wall_s = time.monotonic() - wall_start
             figures = measure(url, run_id)
+        except BaseException:
+            print_log_tails(logs)
+            raise
         finally:
             procs.stop_all()
     emit(

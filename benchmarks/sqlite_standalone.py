@@ -28,6 +28,7 @@ from _common import (
     emit,
     log_mentions,
     machine,
+    print_log_tails,
     treadle_env,
     wait_for,
 )
@@ -126,6 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", type=int, default=2000, help="independent tasks in the run")
     parser.add_argument("--concurrency", type=int, default=4, help="slots of the standalone worker")
+    parser.add_argument("--readers", type=int, default=2, help="CLI read loops running at once")
     parser.add_argument("--timeout", type=float, default=150, help="seconds to wait for the run")
     args = parser.parse_args()
 
@@ -138,7 +140,7 @@ def main() -> None:
         db_path = root / "treadle.db"
         env = treadle_env(database_url=f"sqlite:///{db_path}", dags_folder=folder, home=root / "home")
         log = root / "standalone.log"
-        readers: Readers | None = None
+        readers: list[Readers] = []
         try:
             procs.start(["standalone", "--concurrency", str(args.concurrency)], env, log)
             wait_for("standalone to start", lambda: log_mentions(log, '"worker.started"'), timeout=60)
@@ -152,8 +154,9 @@ def main() -> None:
                 check=True,
             )
             run_id = json.loads(trigger.stdout)["run_id"]
-            readers = Readers(env, run_id)
-            readers.start()
+            readers = [Readers(env, run_id) for _ in range(args.readers)]
+            for reader in readers:
+                reader.start()
 
             def finished() -> bool:
                 check_alive(procs, [log])
@@ -162,14 +165,19 @@ def main() -> None:
 
             wait_for("the run to finish", finished, timeout=args.timeout, every=0.1)
             wall_s = time.monotonic() - wall_start
-            readers.stop.set()
-            readers.join(timeout=60)
+            for reader in readers:
+                reader.stop.set()
+            for reader in readers:
+                reader.join(timeout=60)
             figures = measure(db_path, run_id, args.tasks)
+        except BaseException:
+            print_log_tails([log])
+            raise
         finally:
-            if readers is not None:
-                readers.stop.set()
+            for reader in readers:
+                reader.stop.set()
             procs.stop_all()
-        reader_errors = "\n".join(readers.stderr) if readers else ""
+        reader_errors = "\n".join(e for r in readers for e in r.stderr)
         locked_log = count_in_logs([log], LOCKED)
         retries_log = count_in_logs([log], '"store.retry"')
         errors_log = count_in_logs([log], '"level": "error"')
@@ -179,12 +187,12 @@ def main() -> None:
         {
             "benchmark": "sqlite_standalone",
             "backend": "sqlite",
-            "settings": {"tasks": args.tasks, "concurrency": args.concurrency},
+            "settings": {"tasks": args.tasks, "concurrency": args.concurrency, "cli_readers": args.readers},
             "machine": machine(),
             **figures,
             "trigger_to_success_wall_s": round(wall_s, 3),
-            "cli_reads": readers.reads if readers else 0,
-            "cli_read_failures": readers.failures if readers else 0,
+            "cli_reads": sum(r.reads for r in readers),
+            "cli_read_failures": sum(r.failures for r in readers),
             "database_locked_errors": locked_log + locked_cli,
             "database_locked_in_standalone_log": locked_log,
             "database_locked_in_cli_stderr": locked_cli,

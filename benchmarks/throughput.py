@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 from _common import (
+    CpuMeter,
     Processes,
     check_alive,
     cli,
@@ -25,6 +26,8 @@ from _common import (
     log_mentions,
     machine,
     pg_database,
+    print_log_tails,
+    summary_ms,
     treadle_env,
     wait_for,
 )
@@ -76,6 +79,9 @@ def measure(url: str, run_id: str, tasks: int) -> dict[str, Any]:
             "SELECT worker_id, count(*) FROM task_attempts WHERE run_id = %s GROUP BY worker_id",
             (run_id,),
         ).fetchall()
+        durations = conn.execute(
+            "SELECT duration_s FROM task_attempts WHERE run_id = %s", (run_id,)
+        ).fetchall()
         states = conn.execute(
             "SELECT state, count(*) FROM task_instances WHERE run_id = %s GROUP BY state", (run_id,)
         ).fetchall()
@@ -84,11 +90,12 @@ def measure(url: str, run_id: str, tasks: int) -> dict[str, Any]:
     run_s = (run[1] - run[0]).total_seconds() if run[1] else None
     return {
         "run_state": run[2],
-        "task_states": {s: n for s, n in states},
+        "task_states": dict(states),
         "attempts_recorded": span[2],
         "workers_used": span[3],
         "attempts_per_worker": sorted(n for _, n in per_worker),
         "attempts_span_s": round(attempts_s, 3),
+        "claim_to_completion": summary_ms([float(d[0]) for d in durations]),
         "tasks_per_s_attempts": round(tasks / attempts_s, 1) if attempts_s > 0 else None,
         "run_span_db_s": round(run_s, 3) if run_s else None,
         "tasks_per_s_run_db": round(tasks / run_s, 1) if run_s else None,
@@ -100,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", type=int, default=2000, help="independent tasks in the run")
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
-    parser.add_argument("--concurrency", type=int, default=4, help="slots per worker")
+    parser.add_argument("--concurrency", type=int, default=16, help="slots per worker")
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the run")
     args = parser.parse_args()
 
@@ -122,6 +129,7 @@ def main() -> None:
                 wait_for(
                     "the workers to start", lambda log=log: log_mentions(log, '"worker.started"'), timeout=60
                 )
+            meter = CpuMeter(url, [p.pid for p in procs.procs])
             wall_start = time.monotonic()
             run_id = json.loads(cli(["dags", "trigger", DAG_ID, "--json"], env).stdout)["run_id"]
 
@@ -131,7 +139,10 @@ def main() -> None:
 
             wait_for("the run to finish", finished, timeout=args.timeout, every=0.05)
             wall_s = time.monotonic() - wall_start
-            figures = measure(url, run_id, args.tasks)
+            figures = measure(url, run_id, args.tasks) | meter.figures(args.tasks)
+        except BaseException:
+            print_log_tails(logs)
+            raise
         finally:
             procs.stop_all()
     rate = figures["tasks_per_s_attempts"] or 0.0

@@ -7,7 +7,6 @@ TreadleError
 ├── RunNotFound            no run with that id
 ├── TaskInstanceNotFound   no task instance with that id
 ├── InvalidRequest         input from a user that cannot be accepted (names the problem)
-├── ResultTooLarge         a task's result exceeds the size limit
 └── SchemaOutOfDate        the database schema is not at the code's revision
 """
 
@@ -43,10 +42,6 @@ class TaskInstanceNotFound(TreadleError):
 
 class InvalidRequest(TreadleError):
     """The request cannot be accepted."""
-
-
-class ResultTooLarge(TreadleError):
-    """The task's result is larger than the configured limit."""
 
 
 class SchemaOutOfDate(TreadleError):

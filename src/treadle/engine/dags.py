@@ -26,13 +26,15 @@ def sync_dags(
     structures: list[DagStructure],
     scanned_files: list[str],
     errors: dict[str, tuple[str, str]],
+    folder: str | None = None,
 ) -> SyncReport:
-    """Register every structure (new content hash -> new version) and replace the load errors."""
+    """Register every structure (new content hash -> new version) and replace the load errors
+    (of `scanned_files`, and of every file under `folder` when given: the folder's full pass)."""
 
     def work(conn: Connection) -> dict[str, int]:
         now = db_now(conn)
         versions = {s.dag_id: dag_store.upsert_dag_version(conn, s, now=now) for s in structures}
-        dag_store.replace_load_errors(conn, scanned=scanned_files, errors=errors, now=now)
+        dag_store.replace_load_errors(conn, scanned=scanned_files, errors=errors, now=now, folder=folder)
         return versions
 
     versions = db.transact(work, retry_conflicts=True)

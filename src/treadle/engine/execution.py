@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,12 +14,11 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.fingerprint import fingerprint
-from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.records import AttemptError, ClaimedTask, RunInfo
 from treadle.domain.retry import RetryDecision, decide_retry
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.engine.dags import version_of
 from treadle.engine.runs import finish_run_if_done
-from treadle.errors import ResultTooLarge
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
 from treadle.store import runs as run_store
@@ -46,19 +47,18 @@ def claim_task_instances(
         return []
 
     def work(conn: Connection) -> list[ClaimedTask]:
-        now = db_now(conn)
         rows = ti_store.claim(
             conn,
             worker_id=worker_id,
             hostname=hostname,
             queues=queues,
             limit=limit,
-            now=now,
+            now=_statement_clock(conn),
             lease_s=lease_s,
         )
         if not rows:
             return []
-        runs = run_store.runs_for_versions(conn, sorted({r.run_id for r in rows}))
+        runs = _runs(db, conn, {r.run_id for r in rows})
         wanted: list[tuple[str, str]] = []
         for r in rows:
             structure = version_of(db, conn, runs[r.run_id].dag_version_id).structure
@@ -79,7 +79,7 @@ def claim_task_instances(
                     orphaned_count=r.orphaned_count,
                     dag_version_id=run.dag_version_id,
                     logical_date=run.logical_date,
-                    started_at=now,
+                    started_at=r.started_at,
                     timeout_s=r.timeout_s,
                     conf=run.conf,
                     upstream_results={u: results.get((r.run_id, u)) for u in ups},
@@ -90,53 +90,98 @@ def claim_task_instances(
     return db.transact(work)
 
 
-def check_result_size(value: Any, *, max_bytes: int) -> None:
-    """Raise ResultTooLarge (or TypeError for non-JSON values) before anything is written."""
-    size = len(json.dumps(value))
-    if size > max_bytes:
-        raise ResultTooLarge(f"result is {size} bytes; the limit is {max_bytes} bytes")
+def _statement_clock(conn: Connection) -> datetime | None:
+    """The `now` hot-path statements stamp rows with (see `ti_store.stamp`).
+
+    None on PostgreSQL: each statement writes `statement_timestamp()` and returns it, one round
+    trip fewer than reading the clock first. SQLite reads its clock in-process, which is cheap,
+    and keeps every stored time in the one text format its comparisons rely on.
+    """
+    return None if conn.dialect.name == "postgresql" else db_now(conn)
+
+
+#: Most runs a worker remembers; past it the cache starts over (a re-read is one query).
+_RUN_CACHE_LIMIT = 1_000
+
+
+def _runs(db: Database, conn: Connection, run_ids: set[str]) -> dict[str, RunInfo]:
+    """Runs by id for claimed rows, from the database's run cache where possible.
+
+    Only fields fixed when the run is created (version, logical date, conf) are read from the
+    cached value, so an entry never goes stale; it saves a query on nearly every claim.
+    """
+    cache = db.run_cache
+    missing = sorted(r for r in run_ids if r not in cache)
+    if missing:
+        if len(cache) + len(missing) > _RUN_CACHE_LIMIT:
+            cache.clear()
+        cache.update(run_store.runs_for_versions(conn, missing))
+    return {r: cache[r] for r in run_ids}
+
+
+def complete_attempts(
+    db: Database, done: Sequence[tuple[ClaimedTask, Any]], *, worker_id: str, hostname: str
+) -> list[Ending]:
+    """Record several successes of this worker in one transaction, in a handful of statements.
+
+    Per attempt it is the same as `complete_attempt`: a compare-and-set fenced by worker id and
+    attempt (one UPDATE for the batch), the attempt row, the result, the downstream counters,
+    NOTIFY, and closing the run when a leaf ends. Attempts the worker lost are discarded, not
+    applied. Returns one Ending per item, in order.
+    """
+    if not done:
+        return []
+
+    def work(conn: Connection) -> list[Ending]:
+        now = _statement_clock(conn)
+        ended = ti_store.end_running_many(
+            conn,
+            held=[(t.task_instance_id, t.attempt) for t, _ in done],
+            new_state=TaskState.SUCCESS,
+            worker_id=worker_id,
+            now=now,
+        )
+        attempts, results = [], []
+        increments: Counter[tuple[str, str]] = Counter()
+        leaf_runs: set[str] = set()
+        for task, value in done:
+            ended_at = ended.get((task.task_instance_id, task.attempt))
+            if ended_at is None:
+                _discard(conn, task, "success")
+                continue
+            attempts.append(
+                _attempt_row(
+                    task, outcome=AttemptOutcome.SUCCESS, now=ended_at, worker_id=worker_id, hostname=hostname
+                )
+            )
+            results.append(
+                {
+                    "task_instance_id": task.task_instance_id,
+                    "run_id": task.run_id,
+                    "task_id": task.task_id,
+                    "value": value,
+                    "size_bytes": len(json.dumps(value)),
+                    "created_at": ended_at,
+                }
+            )
+            downstream = version_of(db, conn, task.dag_version_id).downstream[task.task_id]
+            increments.update((task.run_id, d) for d in downstream)
+            if not downstream:
+                leaf_runs.add(task.run_id)
+        attempt_store.insert_attempts(conn, attempts)
+        attempt_store.put_results(conn, results)
+        if increments and ti_store.count_upstream_successes(conn, increments=increments, now=now):
+            dialects.notify_ready(conn)
+        for run_id in sorted(leaf_runs):
+            finish_run_if_done(conn, run_id)
+        return [Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _ in done]
+
+    return db.transact(work)
 
 
 def complete_attempt(db: Database, task: ClaimedTask, *, worker_id: str, hostname: str, value: Any) -> Ending:
     """Record success, store the result and ready the downstream, all in one transaction."""
-
-    def work(conn: Connection) -> Ending:
-        now = db_now(conn)
-        if not ti_store.end_running(
-            conn,
-            task_instance_id=task.task_instance_id,
-            attempt=task.attempt,
-            new_state=TaskState.SUCCESS,
-            now=now,
-            worker_id=worker_id,
-        ):
-            _discard(conn, task, "success")
-            return Ending(applied=False)
-        attempt_store.put_result(
-            conn,
-            task_instance_id=task.task_instance_id,
-            run_id=task.run_id,
-            task_id=task.task_id,
-            value=value,
-            now=now,
-        )
-        _insert_attempt(
-            conn,
-            task,
-            outcome=AttemptOutcome.SUCCESS,
-            now=now,
-            worker_id=worker_id,
-            hostname=hostname,
-        )
-        downstream = version_of(db, conn, task.dag_version_id).downstream[task.task_id]
-        if downstream:
-            if ti_store.count_upstream_success(conn, run_id=task.run_id, downstream=downstream, now=now):
-                dialects.notify_ready(conn)
-        else:
-            finish_run_if_done(conn, task.run_id)
-        return Ending(applied=True)
-
-    return db.transact(work)
+    return complete_attempts(db, [(task, value)], worker_id=worker_id, hostname=hostname)[0]
 
 
 def fail_attempt(
@@ -217,6 +262,30 @@ def extend_leases(
         return ti_store.extend_leases(conn, worker_id=worker_id, held=held, now=db_now(conn), lease_s=lease_s)
 
     return db.transact(work)
+
+
+def _attempt_row(
+    task: ClaimedTask, *, outcome: AttemptOutcome, now: datetime, worker_id: str, hostname: str
+) -> dict[str, Any]:
+    """Columns of the `task_attempts` row of a successful attempt."""
+    return {
+        "task_instance_id": task.task_instance_id,
+        "run_id": task.run_id,
+        "dag_id": task.dag_id,
+        "task_id": task.task_id,
+        "attempt": task.attempt,
+        "outcome": outcome.value,
+        "error_type": None,
+        "error_message": None,
+        "traceback": None,
+        "fingerprint": None,
+        "worker_id": worker_id or None,
+        "hostname": hostname or None,
+        "started_at": task.started_at,
+        "ended_at": now,
+        "duration_s": max((now - task.started_at).total_seconds(), 0.0),
+        "retry_delay_s": None,
+    }
 
 
 def _insert_attempt(

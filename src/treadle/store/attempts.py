@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from treadle.domain.records import AttemptInfo
@@ -50,30 +49,6 @@ def last_attempts(conn: Connection, task_instance_ids: list[int]) -> dict[int, A
     return {r.task_instance_id: AttemptInfo(**r._mapping) for r in conn.execute(stmt)}
 
 
-def put_result(
-    conn: Connection,
-    *,
-    task_instance_id: int,
-    run_id: str,
-    task_id: str,
-    value: Any,
-    now: datetime,
-) -> None:
-    """Store a task's JSON result (replacing any earlier one of the same task instance)."""
-    size = len(json.dumps(value))
-    conn.execute(sa.delete(task_results).where(task_results.c.task_instance_id == task_instance_id))
-    conn.execute(
-        sa.insert(task_results).values(
-            task_instance_id=task_instance_id,
-            run_id=run_id,
-            task_id=task_id,
-            value=value,
-            size_bytes=size,
-            created_at=now,
-        )
-    )
-
-
 def get_results(conn: Connection, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
     """Return results by (run_id, task_id) for the given pairs."""
     if not pairs:
@@ -95,3 +70,35 @@ def results_of_run(conn: Connection, run_id: str) -> dict[str, Any]:
         sa.select(task_results.c.task_id, task_results.c.value).where(task_results.c.run_id == run_id)
     )
     return {r.task_id: r.value for r in rows}
+
+
+def insert_attempts(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Append finished attempts to `task_attempts` (columns of that table), batched by the driver.
+
+    An executemany keeps one cached compiled statement whatever the row count.
+    """
+    if rows:
+        conn.execute(sa.insert(task_attempts), rows)
+
+
+def put_results(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Store task results (columns of `task_results`) in one upsert, replacing earlier ones."""
+    if not rows:
+        return
+    conn.execute(_upsert_result(conn.dialect.name), rows)
+
+
+def _upsert_result(dialect: str) -> Any:
+    """INSERT … ON CONFLICT (task_instance_id) DO UPDATE for `task_results` (built once per dialect)."""
+    found = _UPSERTS.get(dialect)
+    if found is None:
+        insert: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        stmt = insert(task_results)
+        found = _UPSERTS[dialect] = stmt.on_conflict_do_update(
+            index_elements=[task_results.c.task_instance_id],
+            set_={c: stmt.excluded[c] for c in ("run_id", "task_id", "value", "size_bytes", "created_at")},
+        )
+    return found
+
+
+_UPSERTS: dict[str, Any] = {}

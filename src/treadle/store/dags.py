@@ -48,10 +48,20 @@ def upsert_dag_version(conn: Connection, structure: DagStructure, *, now: dateti
 
 
 def replace_load_errors(
-    conn: Connection, *, scanned: Iterable[str], errors: dict[str, tuple[str, str]], now: datetime
+    conn: Connection,
+    *,
+    scanned: Iterable[str],
+    errors: dict[str, tuple[str, str]],
+    now: datetime,
+    folder: str | None = None,
 ) -> None:
-    """Record the load errors of one folder pass: files that now load cleanly lose their error."""
+    """Record the load errors of one folder pass: files that now load cleanly lose their error,
+    and so do files under `folder` that are gone (deleted or renamed)."""
     scanned = set(scanned) | set(errors)
+    if folder is not None:
+        prefix = folder.rstrip("/") + "/"
+        recorded = conn.execute(sa.select(dag_load_errors.c.fileloc)).scalars()
+        scanned |= {f for f in recorded if f.startswith(prefix)}
     if scanned:
         conn.execute(sa.delete(dag_load_errors).where(dag_load_errors.c.fileloc.in_(scanned)))
     if errors:

@@ -15,6 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from treadle.domain.dag_version import DagVersion
+from treadle.domain.records import RunInfo
 from treadle.errors import DatabaseUnavailable
 from treadle.store import dialects
 
@@ -75,6 +76,8 @@ class Database:
         self.dialect = self.engine.dialect.name
         #: DAG version id -> version; versions are immutable, so this never goes stale.
         self.version_cache: dict[int, DagVersion] = {}
+        #: Run id -> run, read by claims only for fields fixed at creation (version, date, conf).
+        self.run_cache: dict[str, RunInfo] = {}
 
     @property
     def is_sqlite(self) -> bool:

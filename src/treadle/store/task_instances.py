@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,9 +12,23 @@ from sqlalchemy.engine import Connection
 from treadle.domain.records import TaskInstanceInfo
 from treadle.domain.states import TaskState
 from treadle.store import dialects
+from treadle.store.tables import UTCDateTime
 from treadle.store.tables import task_instances as ti
 
 _INFO_COLUMNS = [ti.c[name] for name in TaskInstanceInfo.__dataclass_fields__]
+
+
+def stamp(now: datetime | None, *, plus: timedelta | None = None) -> Any:
+    """The database time a statement writes (`+ plus`): `now`, read from the database, or when
+    None PostgreSQL's `statement_timestamp()`, one value for every row of the statement.
+
+    Hot-path statements pass None on PostgreSQL and RETURN the stamped column, which saves the
+    separate clock query per transaction while keeping the database the only clock.
+    """
+    if now is None:
+        expr = sa.func.statement_timestamp(type_=UTCDateTime())
+        return expr if plus is None else expr + sa.literal(plus, sa.Interval())
+    return sa.literal(now if plus is None else now + plus, UTCDateTime())
 
 
 def insert_task_instances(conn: Connection, rows: list[dict[str, Any]]) -> None:
@@ -28,13 +43,14 @@ def claim(
     hostname: str,
     queues: list[str],
     limit: int,
-    now: datetime,
+    now: datetime | None,
     lease_s: float,
 ) -> list[sa.Row[Any]]:
     """Move up to `limit` queued task instances to running for this worker, highest priority first.
 
     The selection is materialised before the UPDATE so `LIMIT` is honoured under concurrent
-    claimers (F14), and locked rows are skipped rather than waited on.
+    claimers (F14), and locked rows are skipped rather than waited on. `now` None stamps the
+    rows with the statement's database time (see `stamp`); each row returns its `started_at`.
     """
     sel = (
         sa.select(ti.c.id)
@@ -53,12 +69,13 @@ def claim(
             attempt=ti.c.attempt + 1,
             worker_id=worker_id,
             hostname=hostname,
-            started_at=now,
+            started_at=stamp(now),
             ended_at=None,
-            lease_expires_at=now + timedelta(seconds=lease_s),
+            lease_expires_at=stamp(now, plus=timedelta(seconds=lease_s)),
             next_attempt_at=None,
         )
         .returning(
+            ti.c.started_at,
             ti.c.id,
             ti.c.run_id,
             ti.c.dag_id,
@@ -70,7 +87,9 @@ def claim(
         )
     )
     rows = list(conn.execute(stmt))
-    timed = [{"b_id": r.id, "b_at": now + timedelta(seconds=r.timeout_s)} for r in rows if r.timeout_s]
+    timed = [
+        {"b_id": r.id, "b_at": r.started_at + timedelta(seconds=r.timeout_s)} for r in rows if r.timeout_s
+    ]
     if timed:
         conn.execute(
             sa.update(ti).where(ti.c.id == sa.bindparam("b_id")).values(timeout_at=sa.bindparam("b_at")),
@@ -133,30 +152,68 @@ def end_running(
     return bool(conn.execute(stmt).rowcount)
 
 
-def count_upstream_success(conn: Connection, *, run_id: str, downstream: list[str], now: datetime) -> int:
-    """Count one more succeeded upstream on each downstream task; queue those now ready.
+def end_running_many(
+    conn: Connection,
+    *,
+    held: list[tuple[int, int]],
+    new_state: TaskState,
+    worker_id: str,
+    now: datetime | None,
+) -> dict[tuple[int, int], datetime]:
+    """Compare-and-set running -> `new_state` for several attempts this worker holds, in one statement.
 
-    Both statements run in the caller's transaction, so counter and state move together; a run's
-    cost grows with its edges, not with polling. Returns how many became queued.
+    Each row must still be running at the named attempt under `worker_id` (the fence); returns
+    the (id, attempt) pairs that moved, with the `ended_at` written. The rest were lost.
     """
-    if not downstream:
-        return 0
-    conn.execute(
-        sa.update(ti)
-        .where(ti.c.run_id == run_id, ti.c.task_id.in_(downstream))
-        .values(upstream_done=ti.c.upstream_done + 1)
-    )
-    result = conn.execute(
+    if not held:
+        return {}
+    stmt = (
         sa.update(ti)
         .where(
-            ti.c.run_id == run_id,
-            ti.c.task_id.in_(downstream),
-            ti.c.state == TaskState.PENDING.value,
-            ti.c.upstream_done >= ti.c.upstream_total,
+            sa.tuple_(ti.c.id, ti.c.attempt).in_(held),
+            ti.c.state == TaskState.RUNNING.value,
+            ti.c.worker_id == worker_id,
         )
-        .values(state=TaskState.QUEUED.value, queued_at=now)
+        .values(
+            state=new_state.value,
+            ended_at=stamp(now),
+            lease_expires_at=None,
+            next_attempt_at=None,
+            dead_letter_reason=None,
+        )
+        .returning(ti.c.id, ti.c.attempt, ti.c.ended_at)
     )
-    return int(result.rowcount)
+    return {(r.id, r.attempt): r.ended_at for r in conn.execute(stmt)}
+
+
+def count_upstream_successes(
+    conn: Connection, *, increments: Mapping[tuple[str, str], int], now: datetime | None
+) -> bool:
+    """Add succeeded upstreams to downstream counters and queue the rows that became ready.
+
+    `increments` maps (run id, downstream task id) to how many of its upstreams just succeeded.
+    Counter and state move in the same UPDATE (SET expressions read the row's old values), so
+    a fan-in row is queued exactly by the completion that fills its counter; concurrent
+    completions serialise on the row lock and re-read it. Returns True if any row is queued.
+    """
+    groups: dict[tuple[str, int], list[str]] = {}
+    for (run_id, task_id), n in increments.items():
+        groups.setdefault((run_id, n), []).append(task_id)
+    queued = False
+    for (run_id, n), task_ids in sorted(groups.items()):
+        ready = sa.and_(ti.c.state == TaskState.PENDING.value, ti.c.upstream_done + n >= ti.c.upstream_total)
+        rows = conn.execute(
+            sa.update(ti)
+            .where(ti.c.run_id == run_id, ti.c.task_id.in_(sorted(task_ids)))
+            .values(
+                upstream_done=ti.c.upstream_done + n,
+                state=sa.case((ready, TaskState.QUEUED.value), else_=ti.c.state),
+                queued_at=sa.case((ready, stamp(now)), else_=ti.c.queued_at),
+            )
+            .returning(ti.c.state)
+        )
+        queued = any(r.state == TaskState.QUEUED.value for r in rows) or queued
+    return queued
 
 
 def mark_upstream_failed(conn: Connection, *, run_id: str, task_ids: list[str], now: datetime) -> int:

@@ -5,10 +5,13 @@ User code runs only here, so a crash, `os._exit` or segfault ends one attempt, n
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
+import multiprocessing
 import os
 import signal
+import sys
 from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -131,11 +134,22 @@ def call_callback(dag: Dag, msg: Message) -> Message:
     return {"ok": True}
 
 
+def _die_with_worker() -> None:
+    """Linux: when the worker dies (even by SIGKILL) the kernel sends SIGTERM, and the child kills
+    its whole group, so an attempt never runs on beside its retry elsewhere (F1)."""
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: os.killpg(0, signal.SIGKILL))
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # it died before the request took effect
+        os.killpg(0, signal.SIGKILL)
+
+
 def child_main(conn: Connection, folder: str, max_result_bytes: int) -> None:
     """Entry point of a child: own process group, load DAGs, serve requests until EOF."""
     os.setsid()  # a timeout kills this child's whole group, grandchildren included
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_worker()
     cache = DagCache(Path(folder))
     send(conn, {"ready": True})
     while True:

@@ -94,11 +94,14 @@ class Slot(threading.Thread):
         max_result_bytes: int,
         version: Callable[[int], DagVersion],
         on_idle: Callable[[Slot], None],
+        complete: Callable[[ClaimedTask, Any], Ending] | None = None,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
         self.db, self.worker_id, self.hostname = db, worker_id, hostname
         self.version = version
         self.on_idle = on_idle
+        #: Records a success (the worker's shared Completer); by default its own transaction.
+        self.complete = complete or self._complete_alone
         self.child = ChildProcess(folder, max_result_bytes)
         self.running: Running | None = None
         self._assigned = threading.Event()
@@ -150,15 +153,7 @@ class Slot(threading.Thread):
         if outcome is None:
             return  # revoked: another party owns the attempt now
         if outcome.get("ok"):
-            self._report(
-                complete_attempt(
-                    self.db,
-                    task,
-                    worker_id=self.worker_id,
-                    hostname=self.hostname,
-                    value=outcome.get("value"),
-                )
-            )
+            self._report(self.complete(task, outcome.get("value")))
             return
         kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
         error = to_attempt_error(outcome)
@@ -172,6 +167,9 @@ class Slot(threading.Thread):
         )
         self._report(ending)
         self._callback(ending, definition.has_on_retry, definition.has_on_dead_letter, message, error)
+
+    def _complete_alone(self, task: ClaimedTask, value: Any) -> Ending:
+        return complete_attempt(self.db, task, worker_id=self.worker_id, hostname=self.hostname, value=value)
 
     def _exchange(self, message: Message, deadline: float | None, current: Running) -> Message | None:
         """Send an attempt to the child and wait for its reply, the deadline, or revocation."""

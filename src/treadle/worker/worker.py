@@ -19,6 +19,7 @@ from treadle.engine.execution import claim_task_instances, extend_leases
 from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database
 from treadle.store.notifications import listen_ready
+from treadle.worker.completer import Completer
 from treadle.worker.slot import Slot
 
 log = logging.getLogger("treadle.worker")
@@ -32,6 +33,7 @@ def sync_dag_folder(db: Database, folder: Path) -> SyncReport:
         structures=[d.structure() for d in loaded.dags.values()],
         scanned_files=loaded.files,
         errors={f: (e.message, e.traceback) for f, e in loaded.errors.items()},
+        folder=str(folder),
     )
 
 
@@ -77,6 +79,8 @@ class Worker:
             queues=self.queues,
             concurrency=self.concurrency,
         )
+        completer = Completer(self.db, worker_id=self.worker_id, hostname=self.hostname)
+        completer.start()
         for i in range(self.concurrency):
             slot = Slot(
                 i,
@@ -87,6 +91,7 @@ class Worker:
                 max_result_bytes=self.settings.max_result_bytes,
                 version=self.version,
                 on_idle=self._slot_idle,
+                complete=completer.complete,
             )
             self.slots.append(slot)
             slot.start()
