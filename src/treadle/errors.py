@@ -7,7 +7,8 @@ TreadleError
 ├── RunNotFound            no run with that id
 ├── TaskInstanceNotFound   no task instance with that id
 ├── InvalidRequest         input from a user that cannot be accepted (names the problem)
-└── SchemaOutOfDate        the database schema is not at the code's revision
+├── SchemaOutOfDate        the database schema is not at the code's revision
+└── DatabaseUnavailable    the database cannot be reached (after retries)
 """
 
 from __future__ import annotations
