@@ -90,6 +90,8 @@ class Dag:
     fileloc: str = ""
     tasks: dict[str, TaskNode] = field(default_factory=dict)
     pending_edges: list[tuple[str, str]] = field(default_factory=list)
+    #: Next suffix to try per base id, so calling one function N times costs O(N), not O(N^2).
+    next_suffix: dict[str, int] = field(default_factory=dict)
 
     def add_task(self, node: TaskNode) -> None:
         """Place a task; its id must be new in this DAG."""
@@ -105,9 +107,10 @@ class Dag:
         """Return `base`, or `base__N` when a function is called more than once in the DAG."""
         if base not in self.tasks:
             return base
-        n = 1
+        n = self.next_suffix.get(base, 1)
         while f"{base}__{n}" in self.tasks:
             n += 1
+        self.next_suffix[base] = n + 1
         return f"{base}__{n}"
 
     def validate(self) -> None:

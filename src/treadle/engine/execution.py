@@ -68,26 +68,36 @@ def claim_task_instances(
         for r in rows:
             run = runs[r.run_id]
             ups = version_of(db, conn, run.dag_version_id).structure.tasks[r.task_id].upstream
-            claimed.append(
-                ClaimedTask(
-                    task_instance_id=r.id,
-                    run_id=r.run_id,
-                    dag_id=r.dag_id,
-                    task_id=r.task_id,
-                    attempt=r.attempt,
-                    budget_base=r.budget_base,
-                    orphaned_count=r.orphaned_count,
-                    dag_version_id=run.dag_version_id,
-                    logical_date=run.logical_date,
-                    started_at=r.started_at,
-                    timeout_s=r.timeout_s,
-                    conf=run.conf,
-                    upstream_results={u: results.get((r.run_id, u)) for u in ups},
-                )
-            )
+            upstream = {u: results.get((r.run_id, u)) for u in ups}
+            claimed.append(attempt_of(r, run, started_at=r.started_at, upstream_results=upstream))
         return claimed
 
     return db.transact(work)
+
+
+def attempt_of(
+    row: Any,  # Any: a Row from a claim or lease query
+    run: RunInfo,
+    *,
+    started_at: datetime,
+    upstream_results: dict[str, Any] | None = None,
+) -> ClaimedTask:
+    """The attempt that a task instance row (claim or lease columns) and its run describe."""
+    return ClaimedTask(
+        task_instance_id=row.id,
+        run_id=row.run_id,
+        dag_id=row.dag_id,
+        task_id=row.task_id,
+        attempt=row.attempt,
+        budget_base=row.budget_base,
+        orphaned_count=row.orphaned_count,
+        dag_version_id=run.dag_version_id,
+        logical_date=run.logical_date,
+        started_at=started_at,
+        timeout_s=getattr(row, "timeout_s", None),
+        conf=run.conf,
+        upstream_results=upstream_results or {},
+    )
 
 
 def _statement_clock(conn: Connection) -> datetime | None:

@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.records import AttemptError
 from treadle.domain.states import AttemptOutcome
-from treadle.engine.execution import fail_attempt
+from treadle.engine.execution import attempt_of, fail_attempt
 from treadle.store import dialects
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
@@ -46,19 +46,7 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
     now, rows, runs = db.query(evidence)
     reaped = 0
     for r in rows:
-        task = ClaimedTask(
-            task_instance_id=r.id,
-            run_id=r.run_id,
-            dag_id=r.dag_id,
-            task_id=r.task_id,
-            attempt=r.attempt,
-            budget_base=r.budget_base,
-            orphaned_count=r.orphaned_count,
-            dag_version_id=runs[r.run_id].dag_version_id,
-            logical_date=runs[r.run_id].logical_date,
-            started_at=r.started_at or now,
-            timeout_s=None,
-        )
+        task = attempt_of(r, runs[r.run_id], started_at=r.started_at or now)
         message = (
             f"lease expired at {r.lease_expires_at.isoformat()} (database time "
             f"{now.isoformat()}); worker {r.worker_id} on {r.hostname} stopped heartbeating"

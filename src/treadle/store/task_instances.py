@@ -16,6 +16,16 @@ from treadle.store.tables import UTCDateTime
 from treadle.store.tables import task_instances as ti
 
 _INFO_COLUMNS = [ti.c[name] for name in TaskInstanceInfo.__dataclass_fields__]
+#: What identifies an attempt and its retry budget (claims and the reaper read these).
+_ATTEMPT_COLUMNS = (
+    ti.c.id,
+    ti.c.run_id,
+    ti.c.dag_id,
+    ti.c.task_id,
+    ti.c.attempt,
+    ti.c.budget_base,
+    ti.c.orphaned_count,
+)
 
 
 def stamp(now: datetime | None, *, plus: timedelta | None = None) -> Any:
@@ -74,17 +84,7 @@ def claim(
             lease_expires_at=stamp(now, plus=timedelta(seconds=lease_s)),
             next_attempt_at=None,
         )
-        .returning(
-            ti.c.started_at,
-            ti.c.id,
-            ti.c.run_id,
-            ti.c.dag_id,
-            ti.c.task_id,
-            ti.c.attempt,
-            ti.c.budget_base,
-            ti.c.orphaned_count,
-            ti.c.timeout_s,
-        )
+        .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS)
     )
     rows = list(conn.execute(stmt))
     timed = [
@@ -282,13 +282,7 @@ def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[sa.Ro
     """Return running task instances whose lease has expired (the reaper's evidence)."""
     stmt = (
         sa.select(
-            ti.c.id,
-            ti.c.run_id,
-            ti.c.dag_id,
-            ti.c.task_id,
-            ti.c.attempt,
-            ti.c.budget_base,
-            ti.c.orphaned_count,
+            *_ATTEMPT_COLUMNS,
             ti.c.worker_id,
             ti.c.hostname,
             ti.c.started_at,
