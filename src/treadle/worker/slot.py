@@ -153,7 +153,7 @@ class Slot(threading.Thread):
         if outcome is None:
             return  # revoked: another party owns the attempt now
         if outcome.get("ok"):
-            self._report(self.complete(task, outcome.get("value")))
+            self.complete(task, outcome.get("value"))  # a lost attempt's report is discarded there
             return
         kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
         error = to_attempt_error(outcome)
@@ -165,7 +165,6 @@ class Slot(threading.Thread):
             worker_id=self.worker_id,
             hostname=self.hostname,
         )
-        self._report(ending)
         self._callback(ending, definition.has_on_retry, definition.has_on_dead_letter, message, error)
 
     def _complete_alone(self, task: ClaimedTask, value: Any) -> Ending:
@@ -173,6 +172,8 @@ class Slot(threading.Thread):
 
     def _exchange(self, message: Message, deadline: float | None, current: Running) -> Message | None:
         """Send an attempt to the child and wait for its reply, the deadline, or revocation."""
+        if not self.child.process.is_alive():  # died while idle (OOM killer, an operator)
+            self.child.restart()
         assert self.child.conn is not None
         send(self.child.conn, message)
         while True:
@@ -235,7 +236,3 @@ class Slot(threading.Thread):
                 self.child.restart()
         except (EOFError, OSError):
             self.child.restart()
-
-    def _report(self, ending: Ending) -> None:
-        if not ending.applied and self.running:
-            self.running.revoked = True
