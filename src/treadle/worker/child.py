@@ -88,11 +88,23 @@ def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tupl
         if node.takes_context:
             kwargs["context"] = _context(msg)
         value = node.fn(*(msg.get("args") or []), **kwargs)
-        encoded = json.dumps(value)
     except Exception as exc:
         return {"ok": False, **error_message(exc, user_roots=roots)}
     except BaseException as exc:  # SystemExit from user code ends the attempt, not the child
         return {"ok": False, **error_message(exc, user_roots=roots)}
+    try:
+        # Strict JSON (no NaN/Infinity): what every backend stores and every reader parses.
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        # The same code returns the same value again: retrying cannot help.
+        return {
+            "ok": False,
+            "error_type": "ResultNotSerializable",
+            "frame": "",
+            "message": f"task {msg['task_id']!r} returned a value that is not strict JSON: {exc}",
+            "traceback": "",
+            "retryable": False,
+        }
     if len(encoded) > max_result_bytes:
         return {
             "ok": False,
