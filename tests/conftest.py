@@ -61,6 +61,21 @@ def pg_url(pg_template: str) -> Iterator[str]:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database (no schema) on each dialect, for migration tests."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    request.getfixturevalue("pg_template")  # skips or fails like the other PostgreSQL tests
+    name = f"e_{uuid.uuid4().hex[:12]}"
+    with _admin() as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield _pg_url(name)
+    with _admin() as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A migrated SQLite file, copied for each test."""

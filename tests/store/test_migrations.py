@@ -52,3 +52,36 @@ def test_db_check_and_upgrade_commands(tmp_path: Path) -> None:
     after = _cli(["db", "check"], url)
     assert after.returncode == 0, after.stderr
     assert "no drift" in after.stdout
+
+
+def test_upgrade_gives_old_rows_their_deadlines(empty_db_url: str) -> None:
+    import sqlalchemy as sa
+
+    from treadle.store.tables import task_instances as ti
+
+    db = Database(empty_db_url)
+    migrate.upgrade(db, "0001")
+    started = "2026-01-01 10:00:00"
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO task_instances (run_id, dag_id, task_id, map_index, state, attempt,"
+                " budget_base, orphaned_count, queue, priority_weight, upstream_total, upstream_done,"
+                " started_at, timeout_s, queued_at)"
+                " VALUES ('r', 'd', :task, -1, :state, 1, 0, 0, 'default', 1, 0, 0, :at, 30, :at)"
+            ),
+            [
+                {"task": "running_one", "state": "running", "at": started},
+                {"task": "queued_one", "state": "queued", "at": started},
+            ],
+        )
+    migrate.upgrade(db)
+    with db.read() as conn:
+        rows = {
+            r.task_id: r
+            for r in conn.execute(sa.select(ti.c.task_id, ti.c.timeout_at, ti.c.dispatch_deadline))
+        }
+    assert rows["running_one"].timeout_at.isoformat() == "2026-01-01T10:00:30+00:00"
+    assert rows["queued_one"].dispatch_deadline.isoformat() == "2026-01-01T10:10:00+00:00"
+    assert migrate.drift(db) == []
+    db.dispose()

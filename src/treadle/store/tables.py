@@ -52,6 +52,8 @@ dags = sa.Table(
     sa.Column("is_paused", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("is_active", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("latest_version_id", sa.Integer, nullable=True),
+    #: Most task instances of this DAG running at once, across its runs (None: no limit).
+    sa.Column("max_active_tasks", sa.Integer, nullable=True),
     sa.Column("updated_at", UTCDateTime, nullable=False),
 )
 
@@ -93,6 +95,7 @@ dag_runs = sa.Table(
     sa.UniqueConstraint("dag_id", "logical_date", "run_type"),
     sa.Index(None, "state"),
     sa.Index(None, "dag_id", "created_at"),
+    sa.Index(None, "ended_at"),
 )
 
 task_instances = sa.Table(
@@ -116,6 +119,11 @@ task_instances = sa.Table(
     sa.Column("orphaned_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("queue", sa.String(250), nullable=False, server_default="default"),
     sa.Column("priority_weight", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("pool", sa.String(250), nullable=True),
+    sa.Column("pool_slots", sa.Integer, nullable=False, server_default="1"),
+    #: How long the instance may stay queued before its attempt ends `dispatch_timeout`.
+    sa.Column("queue_timeout_s", sa.Float, nullable=True),
+    sa.Column("dispatch_deadline", UTCDateTime, nullable=True),
     sa.Column("upstream_total", sa.Integer, nullable=False, server_default="0"),
     sa.Column("upstream_done", sa.Integer, nullable=False, server_default="0"),
     sa.Column("queued_at", UTCDateTime, nullable=True),
@@ -133,6 +141,10 @@ task_instances = sa.Table(
     sa.Index(None, "state", "next_attempt_at"),
     sa.Index(None, "state", "lease_expires_at"),
     sa.Index(None, "run_id", "state"),
+    sa.Index(None, "pool", "state"),
+    sa.Index(None, "dag_id", "state"),
+    sa.Index(None, "state", "dispatch_deadline"),
+    sa.Index(None, "state", "timeout_at"),
 )
 
 task_attempts = sa.Table(
@@ -188,7 +200,34 @@ workers = sa.Table(
     sa.Column("pid", sa.Integer, nullable=False),
     sa.Column("queues", JSONType, nullable=False),
     sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("prefetch", sa.Integer, nullable=False, server_default="0"),
+    #: Attempts running in a child process / claimed and waiting for a free slot (at heartbeat).
+    sa.Column("active", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("prefetched", sa.Integer, nullable=False, server_default="0"),
     sa.Column("state", sa.String(20), nullable=False),
     sa.Column("started_at", UTCDateTime, nullable=False),
     sa.Column("last_heartbeat_at", UTCDateTime, nullable=False),
+)
+
+pools = sa.Table(
+    "pools",
+    metadata,
+    sa.Column("name", sa.String(250), primary_key=True),
+    sa.Column("slots", sa.Integer, nullable=False),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+)
+
+#: Append-only record of who asked for what (cancellations, requeues, pool changes).
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("at", UTCDateTime, nullable=False),
+    sa.Column("actor", sa.String(250), nullable=False),
+    sa.Column("action", sa.String(100), nullable=False),
+    sa.Column("target", sa.String(500), nullable=False),
+    sa.Column("details", JSONType, nullable=False),
+    sa.Index(None, "at"),
 )
