@@ -27,6 +27,12 @@ class Settings:
     dag_refresh_s: float = 2.0
     #: Largest JSON result a task may return.
     max_result_bytes: int = 64 * 1024
+    #: Default longest wait in `queued` before an attempt ends `dispatch_timeout` (per task too).
+    queue_timeout_s: float = 600.0
+    #: Finished runs (with their attempts, results) older than this are pruned; 0 keeps all.
+    retention_days: float = 0.0
+    #: On SIGTERM, how long running attempts may finish before they are handed back.
+    shutdown_grace_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -44,6 +50,9 @@ class Settings:
             scheduler_tick_s=_number(env, "TREADLE_SCHEDULER_TICK_SECONDS", 0.5),
             dag_refresh_s=_number(env, "TREADLE_DAG_REFRESH_SECONDS", 2.0),
             max_result_bytes=int(_number(env, "TREADLE_MAX_RESULT_BYTES", 64 * 1024)),
+            queue_timeout_s=_number(env, "TREADLE_QUEUE_TIMEOUT_SECONDS", 600.0),
+            retention_days=_number(env, "TREADLE_RETENTION_DAYS", 0.0, allow_zero=True),
+            shutdown_grace_s=_number(env, "TREADLE_SHUTDOWN_GRACE_SECONDS", 30.0, allow_zero=True),
         )
         settings.validate()
         return settings
@@ -62,7 +71,7 @@ class Settings:
             )
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
+def _number(env: Mapping[str, str], name: str, default: float, *, allow_zero: bool = False) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -70,6 +79,6 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be > 0, got {raw!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be {'>=' if allow_zero else '>'} 0, got {raw!r}")
     return value
