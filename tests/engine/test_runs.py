@@ -75,3 +75,12 @@ def test_dead_letter_then_requeue_after_fix(db_url: str, tmp_path: Path) -> None
         assert dead_letters.list_dead_letters(runner.db) == []
     finally:
         runner.close()
+
+
+def test_manual_triggers_in_one_clock_tick_all_create_runs(db_url: str) -> None:
+    runner = DagRunner(four_steps, database_url=db_url)
+    try:
+        run_ids = {runner.trigger() for _ in range(20)}
+        assert len(run_ids) == 20
+    finally:
+        runner.close()

@@ -20,6 +20,8 @@ def treadle_env(*, database_url: str, dags_folder: Path, home: Path, **extra: st
             "TREADLE_DAGS_FOLDER": str(dags_folder),
             "TREADLE_HOME": str(home),
             "TREADLE_SCHEDULER_TICK_SECONDS": "0.2",
+            # Teardown sends SIGTERM: do not let a sleeping test task hold it for the default 30 s.
+            "TREADLE_SHUTDOWN_GRACE_SECONDS": "1",
             **extra,
         }
     )

@@ -51,3 +51,16 @@ def test_non_retryable_error_dead_letters_at_once() -> None:
 def test_zero_retries_dead_letters_first_failure() -> None:
     decision = decide_retry(RetryPolicy(), attempt_in_budget=1, orphaned_count=0, retryable=True, rand=0)
     assert not decision.retry
+
+
+def test_lost_attempts_never_spend_the_retry_budget() -> None:
+    no_retries = RetryPolicy(retries=0, retry_delay_s=1)
+    lost = decide_retry(
+        no_retries, attempt_in_budget=1, orphaned_count=1, retryable=True, rand=0.5, lost=True
+    )
+    assert lost.retry
+    # After two losses the first real failure is still the first failure of the budget.
+    after = decide_retry(POLICY, attempt_in_budget=3, orphaned_count=2, retryable=True, rand=0.0)
+    assert after.retry and after.delay_s == POLICY.delay_range(1)[0]
+    spent = decide_retry(no_retries, attempt_in_budget=3, orphaned_count=2, retryable=True, rand=0.5)
+    assert spent.dead_letter_reason is DeadLetterReason.RETRIES_EXHAUSTED

@@ -103,7 +103,8 @@ def task(
     """Declare a task.
 
     Settings: retries, retry_delay (seconds or timedelta), backoff_factor, max_retry_delay,
-    jitter (0..1), timeout, queue, priority_weight, on_retry, on_dead_letter.
+    jitter (0..1), timeout, queue, priority_weight, pool, pool_slots, queue_timeout,
+    on_retry, on_dead_letter.
     `depends_on` names upstream task ids for dependencies that carry no data.
     """
     check_setting_names(settings, f"@task {task_id or (fn.__name__ if fn else '')}".strip())
@@ -124,10 +125,12 @@ def dag(
     tags: Sequence[str] = (),
     schedule: str | None = None,
     default_args: dict[str, Any] | None = None,
+    max_active_tasks: int | None = None,
 ) -> Any:
     """Declare a DAG: the decorated function places tasks; the decorator returns the `Dag`.
 
-    `schedule=None` means the DAG runs when triggered.
+    `schedule=None` means the DAG runs when triggered. `max_active_tasks` caps how many of
+    its task instances run at once, across all its runs.
     """
 
     def build(f: Callable[..., Any]) -> Dag:
@@ -144,6 +147,12 @@ def dag(
                 f"allowed: {', '.join(TASK_SETTINGS)}"
             )
         resolve_settings(defaults, {}, f"dag {the_id!r} default_args")
+        if max_active_tasks is not None and (
+            not isinstance(max_active_tasks, int)
+            or isinstance(max_active_tasks, bool)
+            or max_active_tasks < 1
+        ):
+            raise DagDefinitionError(f"dag {the_id!r}: max_active_tasks must be an integer >= 1")
         new = Dag(
             dag_id=the_id,
             owner=owner,
@@ -152,6 +161,7 @@ def dag(
             schedule=schedule,
             default_args=defaults,
             fileloc=inspect.getsourcefile(f) or "",
+            max_active_tasks=max_active_tasks,
         )
         with building(new):
             f()

@@ -20,6 +20,9 @@ TASK_SETTINGS = (
     "timeout",
     "queue",
     "priority_weight",
+    "pool",
+    "pool_slots",
+    "queue_timeout",
     "on_retry",
     "on_dead_letter",
 )
@@ -35,6 +38,9 @@ class TaskSettings:
     timeout_s: float | None
     queue: str
     priority_weight: int
+    pool: str | None
+    pool_slots: int
+    queue_timeout_s: float | None
     on_retry: Callback | None
     on_dead_letter: Callback | None
 
@@ -101,7 +107,16 @@ def resolve_settings(defaults: Mapping[str, Any], overrides: Mapping[str, Any], 
     priority = merged.get("priority_weight", 1)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise DagDefinitionError(f"{where}: priority_weight must be an integer, got {priority!r}")
+    pool = merged.get("pool")
+    if pool is not None and (not isinstance(pool, str) or not is_identifier(pool)):
+        raise DagDefinitionError(f"{where}: pool must match [A-Za-z0-9._-]{{1,250}}, got {pool!r}")
+    queue_timeout = merged.get("queue_timeout")
     return TaskSettings(
+        pool=pool,
+        pool_slots=_check_int(f"{where}: pool_slots", merged.get("pool_slots", 1), minimum=1),
+        queue_timeout_s=None
+        if queue_timeout is None
+        else _seconds(f"{where}: queue_timeout", queue_timeout, allow_zero=False),
         retry=_policy(merged, where),
         timeout_s=None if timeout is None else _seconds(f"{where}: timeout", timeout, allow_zero=False),
         queue=queue,

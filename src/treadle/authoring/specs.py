@@ -45,6 +45,9 @@ class TaskNode:
             timeout_s=s.timeout_s,
             queue=s.queue,
             priority_weight=s.priority_weight,
+            pool=s.pool,
+            pool_slots=s.pool_slots,
+            queue_timeout_s=s.queue_timeout_s,
             has_on_retry=s.on_retry is not None,
             has_on_dead_letter=s.on_dead_letter is not None,
             doc=self.doc,
@@ -88,6 +91,7 @@ class Dag:
     schedule: str | None = None
     default_args: dict[str, Any] = field(default_factory=dict)
     fileloc: str = ""
+    max_active_tasks: int | None = None
     tasks: dict[str, TaskNode] = field(default_factory=dict)
     pending_edges: list[tuple[str, str]] = field(default_factory=list)
     #: Next suffix to try per base id, so calling one function N times costs O(N), not O(N^2).
@@ -138,6 +142,7 @@ class Dag:
             tags=self.tags,
             schedule=self.schedule,
             fileloc=self.fileloc,
+            max_active_tasks=self.max_active_tasks,
             tasks={k: t.to_def() for k, t in self.tasks.items()},
         )
 

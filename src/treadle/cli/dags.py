@@ -99,7 +99,13 @@ def trigger_cmd(ctx: Context, dag_id: str, conf: str, as_json: bool) -> None:
         raise InvalidRequest(f"--conf is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise InvalidRequest("--conf must be a JSON object")
-    run = trigger_run(ctx.db, dag_id, conf=parsed, triggered_by=identity())
+    run = trigger_run(
+        ctx.db,
+        dag_id,
+        conf=parsed,
+        triggered_by=identity(),
+        default_queue_timeout_s=ctx.settings.queue_timeout_s,
+    )
     if as_json:
         emit_json(run)
         return

@@ -1,17 +1,20 @@
-"""`treadle db`: schema migrations."""
+"""`treadle db`: schema migrations and pruning of old history."""
 
 from __future__ import annotations
 
 import click
 
 from treadle.cli.main import Context, cli, pass_context
+from treadle.cli.render import emit_json, fmt_time, table
+from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
+from treadle.engine import retention
 from treadle.errors import SchemaOutOfDate
 from treadle.store import migrate
 
 
 @cli.group("db")
 def db_group() -> None:
-    """Database schema."""
+    """Database schema and retention."""
 
 
 @db_group.command("upgrade")
@@ -36,3 +39,41 @@ def check(ctx: Context) -> None:
     if differences:
         raise SchemaOutOfDate("schema differs from the code's tables: " + "; ".join(differences))
     click.echo(f"ok: revision {current}, no drift ({db.dialect})")
+
+
+@db_group.command("prune")
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    metavar="AGE",
+    help=f"Prune finished history older than AGE: {ACCEPTED_FORMS}.",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option(
+    "--batch-runs",
+    default=retention.DEFAULT_BATCH_RUNS,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Runs deleted per transaction.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def prune(ctx: Context, older_than: str, dry_run: bool, batch_runs: int, as_json: bool) -> None:
+    """Delete finished runs (with their attempts and results), audit entries and gone workers.
+
+    Only runs that ended (success, failed, cancelled) before the cutoff are deleted; the cutoff
+    is the database's clock minus AGE. Deletion goes in small batches, one transaction each.
+    """
+    # Parsed before connecting, so a typo is reported even when the database is down.
+    age = parse_duration(older_than)
+    report = retention.prune(ctx.db, older_than=age, dry_run=dry_run, batch_runs=batch_runs)
+    if as_json:
+        emit_json(report)
+        return
+    click.echo(f"cutoff {fmt_time(report.cutoff)} UTC (database time minus {older_than})")
+    table(
+        "Would delete (dry run)" if dry_run else f"Deleted in {report.batches} batches",
+        ["table", "rows"],
+        [*report.rows.by_table().items(), ("total", report.rows.total)],
+    )

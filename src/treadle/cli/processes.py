@@ -13,6 +13,7 @@ from treadle.cli.main import Context, cli, pass_context
 from treadle.errors import InvalidRequest
 from treadle.observability.logging import configure_logging
 from treadle.scheduler.loop import Scheduler
+from treadle.store.database import Database
 from treadle.worker.worker import Worker
 
 log = logging.getLogger("treadle")
@@ -25,12 +26,17 @@ def _queues(raw: str) -> list[str]:
     return queues
 
 
-def _on_stop(stop: threading.Event) -> None:
-    def handler(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
+class Signals:
+    """SIGTERM/SIGINT once: stop gracefully; twice: stop at once."""
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.hard = threading.Event()
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+        (self.hard if self.stop.is_set() else self.stop).set()
 
 
 @cli.command("worker")
@@ -42,13 +48,21 @@ def _on_stop(stop: threading.Event) -> None:
     help="Attempts run at once (one child process each).",
 )
 @click.option("--queues", default="default", show_default=True, help="Comma-separated queues.")
+@click.option(
+    "--grace-period",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds running attempts get to finish on SIGTERM [TREADLE_SHUTDOWN_GRACE_SECONDS].",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 @pass_context
-def worker_cmd(ctx: Context, concurrency: int, queues: str, log_level: str) -> None:
-    """Claim and run task attempts."""
+def worker_cmd(
+    ctx: Context, concurrency: int, queues: str, grace_period: float | None, log_level: str
+) -> None:
+    """Claim and run task attempts. SIGTERM drains (a second signal stops at once)."""
     configure_logging(log_level)
     worker = Worker(ctx.db, ctx.settings, concurrency=concurrency, queues=_queues(queues))
-    _run_until_signal(worker=worker)
+    _run_until_signal(ctx, worker=worker, grace_s=grace_period)
 
 
 @cli.command("scheduler")
@@ -57,8 +71,7 @@ def worker_cmd(ctx: Context, concurrency: int, queues: str, log_level: str) -> N
 def scheduler_cmd(ctx: Context, log_level: str) -> None:
     """Apply due retries, reap expired leases, close finished runs."""
     configure_logging(log_level)
-    scheduler = Scheduler(ctx.db, tick_s=ctx.settings.scheduler_tick_s)
-    _run_until_signal(scheduler=scheduler)
+    _run_until_signal(ctx, scheduler=_scheduler(ctx, ctx.db))
 
 
 @cli.command("standalone")
@@ -66,20 +79,35 @@ def scheduler_cmd(ctx: Context, log_level: str) -> None:
 @click.option("--log-level", default="INFO", show_default=True)
 @pass_context
 def standalone_cmd(ctx: Context, concurrency: int, log_level: str) -> None:
-    """Scheduler and worker in one process (migrates the database first)."""
+    """Scheduler and worker in one process (migrates the database first). SIGTERM drains."""
     configure_logging(log_level)
     db = ctx.db_upgraded("treadle-standalone")
     ctx.settings.dags_folder.mkdir(parents=True, exist_ok=True)
     click.echo(f"treadle standalone: database {db.url}, DAGs from {ctx.settings.dags_folder}", err=True)
     _run_until_signal(
+        ctx,
         worker=Worker(db, ctx.settings, concurrency=concurrency, queues=["default"]),
-        scheduler=Scheduler(db, tick_s=ctx.settings.scheduler_tick_s),
+        scheduler=_scheduler(ctx, db),
     )
 
 
-def _run_until_signal(*, worker: Worker | None = None, scheduler: Scheduler | None = None) -> None:
-    stop = threading.Event()
-    _on_stop(stop)
+def _scheduler(ctx: Context, db: Database) -> Scheduler:
+    return Scheduler(
+        db,
+        tick_s=ctx.settings.scheduler_tick_s,
+        retention_days=ctx.settings.retention_days,
+        lease_s=ctx.settings.lease_s,
+    )
+
+
+def _run_until_signal(
+    ctx: Context,
+    *,
+    worker: Worker | None = None,
+    scheduler: Scheduler | None = None,
+    grace_s: float | None = None,
+) -> None:
+    signals = Signals()
     threads = []
     if scheduler is not None:
         threads.append(threading.Thread(target=scheduler.run, name="treadle-scheduler", daemon=True))
@@ -88,11 +116,12 @@ def _run_until_signal(*, worker: Worker | None = None, scheduler: Scheduler | No
         threads.append(threading.Thread(target=worker.run, name="treadle-claim", daemon=True))
     for t in threads:
         t.start()
-    stop.wait()
+    signals.stop.wait()
     log.info("stopping", extra={"event": "process.stopping"})
+    if worker is not None:
+        grace = ctx.settings.shutdown_grace_s if grace_s is None else grace_s
+        worker.stop(grace_s=grace, hard=signals.hard)
     if scheduler is not None:
         scheduler.stop()
-    if worker is not None:
-        worker.stop()
     for t in threads:
         t.join(timeout=15)

@@ -47,6 +47,10 @@ class TaskDef:
     timeout_s: float | None = None
     queue: str = "default"
     priority_weight: int = 1
+    pool: str | None = None
+    pool_slots: int = 1
+    #: None: the deployment's default queue timeout applies.
+    queue_timeout_s: float | None = None
     has_on_retry: bool = False
     has_on_dead_letter: bool = False
     doc: str = ""
@@ -67,6 +71,9 @@ class TaskDef:
             "timeout_s": self.timeout_s,
             "queue": self.queue,
             "priority_weight": self.priority_weight,
+            "pool": self.pool,
+            "pool_slots": self.pool_slots,
+            "queue_timeout_s": self.queue_timeout_s,
             "has_on_retry": self.has_on_retry,
             "has_on_dead_letter": self.has_on_dead_letter,
             "doc": self.doc,
@@ -90,6 +97,9 @@ class TaskDef:
             timeout_s=data.get("timeout_s"),
             queue=data.get("queue", "default"),
             priority_weight=int(data.get("priority_weight", 1)),
+            pool=data.get("pool"),
+            pool_slots=int(data.get("pool_slots", 1)),
+            queue_timeout_s=data.get("queue_timeout_s"),
             has_on_retry=bool(data.get("has_on_retry", False)),
             has_on_dead_letter=bool(data.get("has_on_dead_letter", False)),
             doc=data.get("doc", ""),
@@ -106,6 +116,8 @@ class DagStructure:
     tags: tuple[str, ...] = ()
     schedule: str | None = None
     fileloc: str = ""
+    #: Most task instances of this DAG running at once, across its runs (None: no limit).
+    max_active_tasks: int | None = None
     tasks: dict[str, TaskDef] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, JSON]:
@@ -117,6 +129,7 @@ class DagStructure:
             "tags": sorted(self.tags),
             "schedule": self.schedule,
             "fileloc": self.fileloc,
+            "max_active_tasks": self.max_active_tasks,
             "tasks": {k: t.to_json() for k, t in sorted(self.tasks.items())},
         }
 
@@ -130,6 +143,7 @@ class DagStructure:
             tags=tuple(data.get("tags", ())),
             schedule=data.get("schedule"),
             fileloc=data.get("fileloc", ""),
+            max_active_tasks=data.get("max_active_tasks"),
             tasks={k: TaskDef.from_json(v) for k, v in data.get("tasks", {}).items()},
         )
 

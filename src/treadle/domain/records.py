@@ -20,6 +20,7 @@ class DagInfo:
     latest_version_id: int | None
     version_hash: str | None
     updated_at: datetime
+    max_active_tasks: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,3 +137,9 @@ class WorkerInfo:
     state: str
     started_at: datetime
     last_heartbeat_at: datetime
+    #: Attempts claimed ahead of a free slot, at most.
+    prefetch: int = 0
+    #: Attempts running in a child process at the last heartbeat.
+    active: int = 0
+    #: Attempts claimed and waiting for a slot at the last heartbeat.
+    prefetched: int = 0

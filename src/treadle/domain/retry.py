@@ -51,20 +51,28 @@ def decide_retry(
     orphaned_count: int,
     retryable: bool,
     rand: float,
+    lost: bool = False,
 ) -> RetryDecision:
-    """Decide whether a failed attempt is retried, and after how long.
+    """Decide whether an attempt that did not succeed is retried, and after how long.
+
+    Lost attempts (the worker died; the lease expired) are counted apart from errors (F16):
+    they never spend the retry budget, but the third one dead-letters the task as poison.
 
     Args:
         policy: the task's retry settings.
-        attempt_in_budget: 1-based number of the failed attempt since the budget was last reset.
-        orphaned_count: lease expiries so far, including this one if it was one.
+        attempt_in_budget: 1-based number of this attempt since the budget was last reset.
+        orphaned_count: lost attempts since then, including this one if it was lost.
         retryable: False for errors that must never be retried.
         rand: uniform draw in [0, 1) for the jitter.
+        lost: this attempt was lost rather than failed.
     """
     if orphaned_count >= POISON_ORPHAN_LIMIT:
         return RetryDecision(retry=False, dead_letter_reason=DeadLetterReason.POISON)
+    if lost:
+        return RetryDecision(retry=True, delay_s=policy.delay_s(orphaned_count, rand=rand))
     if not retryable:
         return RetryDecision(retry=False, dead_letter_reason=DeadLetterReason.NON_RETRYABLE)
-    if attempt_in_budget > policy.retries:
+    failures = attempt_in_budget - orphaned_count
+    if failures > policy.retries:
         return RetryDecision(retry=False, dead_letter_reason=DeadLetterReason.RETRIES_EXHAUSTED)
-    return RetryDecision(retry=True, delay_s=policy.delay_s(attempt_in_budget, rand=rand))
+    return RetryDecision(retry=True, delay_s=policy.delay_s(failures, rand=rand))

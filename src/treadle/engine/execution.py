@@ -203,14 +203,19 @@ def fail_attempt(
     worker_id: str | None,
     hostname: str | None,
     lease_expired_before: datetime | None = None,
+    timeout_before: datetime | None = None,
     lost_by: str | None = None,
 ) -> Ending:
     """Record an unsuccessful attempt and apply the retry policy (retry_wait or dead_letter).
 
-    A worker passes its `worker_id` (fence); the reaper passes `lease_expired_before` instead,
-    and `lost_by`, the worker that held the lease, for the attempt's record.
+    A worker passes its `worker_id` (fence). The reaper passes the evidence instead:
+    `lease_expired_before` (outcome lost), `timeout_before` (timed_out while nobody enforced
+    it) and `lost_by`, the worker that held the lease, for the record. For `dispatch_timeout`
+    the task instance is still queued and `task.attempt` is the attempt it consumes; the
+    guard is its dispatch deadline, which must be before `timeout_before`.
     """
     orphaned = outcome is AttemptOutcome.LOST
+    from_queue = outcome is AttemptOutcome.DISPATCH_TIMEOUT
     rand = random.random()
 
     def work(conn: Connection) -> Ending:
@@ -222,24 +227,40 @@ def fail_attempt(
             orphaned_count=task.orphaned_count + (1 if orphaned else 0),
             retryable=error.retryable,
             rand=rand,
+            lost=orphaned,
         )
         if decision.retry:
             state, next_at = TaskState.RETRY_WAIT, now + timedelta(seconds=decision.delay_s)
         else:
             state, next_at = TaskState.DEAD_LETTER, None
         reason = decision.dead_letter_reason.value if decision.dead_letter_reason else None
-        if not ti_store.end_running(
-            conn,
-            task_instance_id=task.task_instance_id,
-            attempt=task.attempt,
-            new_state=state,
-            now=now,
-            worker_id=worker_id,
-            lease_expired_before=lease_expired_before,
-            next_attempt_at=next_at,
-            dead_letter_reason=reason,
-            orphaned=orphaned,
-        ):
+        if from_queue:
+            assert timeout_before is not None
+            moved = ti_store.end_queued(
+                conn,
+                task_instance_id=task.task_instance_id,
+                attempt=task.attempt,
+                new_state=state,
+                now=now,
+                deadline_before=timeout_before,
+                next_attempt_at=next_at,
+                dead_letter_reason=reason,
+            )
+        else:
+            moved = ti_store.end_running(
+                conn,
+                task_instance_id=task.task_instance_id,
+                attempt=task.attempt,
+                new_state=state,
+                now=now,
+                worker_id=worker_id,
+                lease_expired_before=lease_expired_before,
+                timeout_before=timeout_before,
+                next_attempt_at=next_at,
+                dead_letter_reason=reason,
+                orphaned=orphaned,
+            )
+        if not moved:
             if worker_id is not None:
                 _discard(conn, task, outcome.value)
             return Ending(applied=False)
@@ -252,6 +273,7 @@ def fail_attempt(
             hostname=hostname or "",
             error=error,
             retry_delay_s=decision.delay_s if decision.retry else None,
+            started=not from_queue,
         )
         if state is TaskState.DEAD_LETTER:
             ti_store.mark_upstream_failed(
@@ -259,6 +281,45 @@ def fail_attempt(
             )
             finish_run_if_done(conn, task.run_id)
         return Ending(applied=True, decision=decision)
+
+    return db.transact(work)
+
+
+def hand_back_attempts(db: Database, tasks: list[ClaimedTask], *, worker_id: str, hostname: str) -> int:
+    """Give unfinished attempts back to the queue without spending a retry (graceful shutdown).
+
+    Each is recorded with outcome `rejected`; returns how many were still ours to hand back.
+    """
+
+    def work(conn: Connection) -> int:
+        now = db_now(conn)
+        handed = 0
+        for task in tasks:
+            if ti_store.hand_back(
+                conn,
+                task_instance_id=task.task_instance_id,
+                attempt=task.attempt,
+                worker_id=worker_id,
+                now=now,
+            ):
+                handed += 1
+                _insert_attempt(
+                    conn,
+                    task,
+                    outcome=AttemptOutcome.REJECTED,
+                    now=now,
+                    worker_id=worker_id,
+                    hostname=hostname,
+                    error=AttemptError(
+                        error_type="WorkerShutdown",
+                        message="the worker stopped before the attempt finished; handed back "
+                        "to the queue without spending a retry",
+                        frame="treadle.worker",
+                    ),
+                )
+        if handed:
+            dialects.notify_ready(conn)
+        return handed
 
     return db.transact(work)
 
@@ -308,6 +369,7 @@ def _insert_attempt(
     hostname: str,
     error: AttemptError | None = None,
     retry_delay_s: float | None = None,
+    started: bool = True,
 ) -> None:
     attempt_store.insert_attempt(
         conn,
@@ -323,9 +385,9 @@ def _insert_attempt(
         fingerprint=fingerprint(error.error_type, error.message, error.frame) if error else None,
         worker_id=worker_id or None,
         hostname=hostname or None,
-        started_at=task.started_at,
+        started_at=task.started_at if started else None,
         ended_at=now,
-        duration_s=max((now - task.started_at).total_seconds(), 0.0),
+        duration_s=max((now - task.started_at).total_seconds(), 0.0) if started else None,
         retry_delay_s=retry_delay_s,
     )
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from treadle.domain.records import AttemptError
 from treadle.domain.states import AttemptOutcome
+from treadle.engine.diagnosis import queued_blocker
 from treadle.engine.execution import attempt_of, fail_attempt
 from treadle.store import dialects
 from treadle.store import runs as run_store
@@ -51,11 +54,18 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
             f"lease expired at {r.lease_expires_at.isoformat()} (database time "
             f"{now.isoformat()}); worker {r.worker_id} on {r.hostname} stopped heartbeating"
         )
+        # A deadline that passed while nobody was there to enforce it is a timeout, not a loss.
+        timed_out = r.timeout_at is not None and r.timeout_at <= r.lease_expires_at
         ending = fail_attempt(
             db,
             task,
-            outcome=AttemptOutcome.LOST,
-            error=AttemptError(error_type="LeaseExpired", message=message, frame="treadle.reaper"),
+            outcome=AttemptOutcome.TIMED_OUT if timed_out else AttemptOutcome.LOST,
+            error=AttemptError(
+                error_type="TaskTimeout" if timed_out else "LeaseExpired",
+                message=(f"execution deadline {r.timeout_at.isoformat()} passed; " if timed_out else "")
+                + message,
+                frame="treadle.reaper",
+            ),
             worker_id=None,
             hostname=r.hostname,
             lease_expired_before=now,
@@ -74,3 +84,93 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
                 },
             )
     return reaped
+
+
+def expire_dispatch_deadlines(db: Database, *, worker_stale_s: float, limit: int = 200) -> int:
+    """End `dispatch_timeout` the attempts that stayed queued past their deadline, with the reason.
+
+    The reason is the first condition that held them (no live worker for the queue, a full or
+    missing pool, a DAG limit), read with the evidence; then the retry policy applies.
+    """
+
+    def evidence(conn: Connection) -> tuple[Any, list[Any], dict[str, Any], list[str]]:
+        now = db_now(conn)
+        rows = ti_store.expired_dispatch(conn, now=now, limit=limit)
+        runs = run_store.runs_for_versions(conn, sorted({r.run_id for r in rows}))
+        reasons = [
+            queued_blocker(
+                conn,
+                queue=r.queue,
+                pool=r.pool,
+                pool_slots=r.pool_slots,
+                dag_id=r.dag_id,
+                now=now,
+                stale_s=worker_stale_s,
+            )[0]
+            for r in rows
+        ]
+        return now, rows, runs, reasons
+
+    now, rows, runs, reasons = db.query(evidence)
+    expired = 0
+    for r, reason in zip(rows, reasons, strict=True):
+        task = replace(attempt_of(r, runs[r.run_id], started_at=r.queued_at or now), attempt=r.attempt + 1)
+        waited = (now - r.queued_at).total_seconds() if r.queued_at else 0.0
+        error = AttemptError(
+            error_type="DispatchTimeout",
+            message=f"queued for {waited:.0f} s past its dispatch deadline: {reason}",
+            frame="treadle.reaper",
+        )
+        ending = fail_attempt(
+            db,
+            task,
+            outcome=AttemptOutcome.DISPATCH_TIMEOUT,
+            error=error,
+            worker_id=None,
+            hostname=None,
+            timeout_before=now,
+        )
+        if ending.applied:
+            expired += 1
+            log.warning(
+                "dispatch deadline passed",
+                extra={"event": "task_instance.dispatch_timeout", "task_instance_id": r.id, "reason": reason},
+            )
+    return expired
+
+
+def enforce_execution_deadlines(db: Database, *, grace_s: float, limit: int = 200) -> int:
+    """End `timed_out` running attempts whose deadline passed `grace_s` ago and nobody enforced it.
+
+    A live worker kills its attempt at the deadline itself; this catches a worker that cannot
+    (stuck, or its clock or process wedged). Its late report is then discarded by the fence.
+    """
+
+    def evidence(conn: Connection) -> tuple[Any, list[Any], dict[str, Any]]:
+        now = db_now(conn)
+        rows = ti_store.overdue_running(conn, before=now - timedelta(seconds=grace_s), limit=limit)
+        runs = run_store.runs_for_versions(conn, sorted({r.run_id for r in rows}))
+        return now, rows, runs
+
+    now, rows, runs = db.query(evidence)
+    enforced = 0
+    for r in rows:
+        task = attempt_of(r, runs[r.run_id], started_at=r.started_at or now)
+        error = AttemptError(
+            error_type="TaskTimeout",
+            message=f"execution deadline {r.timeout_at.isoformat()} passed and worker {r.worker_id} "
+            "did not end the attempt; ended by the reaper",
+            frame="treadle.reaper",
+        )
+        ending = fail_attempt(
+            db,
+            task,
+            outcome=AttemptOutcome.TIMED_OUT,
+            error=error,
+            worker_id=None,
+            hostname=r.hostname,
+            timeout_before=now - timedelta(seconds=grace_s),
+            lost_by=r.worker_id,
+        )
+        enforced += ending.applied
+    return enforced

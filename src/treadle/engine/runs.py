@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -30,8 +31,12 @@ def trigger_run(
     conf: dict[str, Any] | None = None,
     triggered_by: str,
     run_type: RunType = RunType.MANUAL,
+    default_queue_timeout_s: float = 600.0,
 ) -> RunInfo:
-    """Create a run of the DAG's latest version with its roots queued, in one transaction."""
+    """Create a run of the DAG's latest version with its roots queued, in one transaction.
+
+    Tasks without their own `queue_timeout` get `default_queue_timeout_s` (the deployment's).
+    """
     conf = dict(conf or {})
     if len(json.dumps(conf)) > MAX_CONF_BYTES:
         raise InvalidRequest(f"conf is larger than the limit of {MAX_CONF_BYTES} bytes")
@@ -57,17 +62,24 @@ def trigger_run(
             ended_at=None,
         )
         run_store.insert_run(conn, run)
-        ti_store.insert_task_instances(conn, _task_instance_rows(structure, run))
+        rows = _task_instance_rows(structure, run, default_queue_timeout_s=default_queue_timeout_s)
+        ti_store.insert_task_instances(conn, rows)
         dialects.notify_ready(conn)
         return run
 
-    return db.transact(work)
+    # Two manual triggers in one clock tick (SQLite's clock has millisecond resolution) would
+    # share a logical date; retrying reads the clock again. Time-based runs must not retry: for
+    # them the unique key is what forbids a double fire.
+    return db.transact(work, retry_conflicts=run_type is RunType.MANUAL)
 
 
-def _task_instance_rows(structure: DagStructure, run: RunInfo) -> list[dict[str, Any]]:
+def _task_instance_rows(
+    structure: DagStructure, run: RunInfo, *, default_queue_timeout_s: float
+) -> list[dict[str, Any]]:
     rows = []
     for task_id, t in structure.tasks.items():
         is_root = not t.upstream
+        queue_timeout = t.queue_timeout_s or default_queue_timeout_s
         rows.append(
             {
                 "run_id": run.run_id,
@@ -83,6 +95,10 @@ def _task_instance_rows(structure: DagStructure, run: RunInfo) -> list[dict[str,
                 "upstream_total": len(t.upstream),
                 "upstream_done": 0,
                 "queued_at": run.created_at if is_root else None,
+                "pool": t.pool,
+                "pool_slots": t.pool_slots,
+                "queue_timeout_s": queue_timeout,
+                "dispatch_deadline": run.created_at + timedelta(seconds=queue_timeout) if is_root else None,
                 "timeout_s": t.timeout_s,
             }
         )

@@ -33,9 +33,13 @@ def record_worker(
     db.transact(work)
 
 
-def touch_worker(db: Database, worker_id: str, *, state: str) -> None:
-    """Record a worker heartbeat (or its stop)."""
-    db.transact(lambda conn: worker_store.touch_worker(conn, worker_id, now=db_now(conn), state=state))
+def touch_worker(db: Database, worker_id: str, *, state: str, active: int = 0, prefetched: int = 0) -> None:
+    """Record a worker heartbeat (or its stop) with its load."""
+    db.transact(
+        lambda conn: worker_store.touch_worker(
+            conn, worker_id, now=db_now(conn), state=state, active=active, prefetched=prefetched
+        )
+    )
 
 
 def list_workers(db: Database) -> list[WorkerInfo]:

@@ -38,6 +38,7 @@ def upsert_dag_version(conn: Connection, structure: DagStructure, *, now: dateti
         "tags": list(structure.tags),
         "fileloc": structure.fileloc,
         "latest_version_id": version_id,
+        "max_active_tasks": structure.max_active_tasks,
         "is_active": True,
         "updated_at": now,
     }
@@ -98,6 +99,7 @@ def _dag_info(row: sa.Row[tuple[object, ...]]) -> DagInfo:
         latest_version_id=m["latest_version_id"],
         version_hash=m["version_hash"],
         updated_at=m["updated_at"],
+        max_active_tasks=m["max_active_tasks"],
     )
 
 

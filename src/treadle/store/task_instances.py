@@ -11,8 +11,9 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.records import TaskInstanceInfo
 from treadle.domain.states import TaskState
-from treadle.store import dialects
-from treadle.store.tables import UTCDateTime
+from treadle.store import dialects, limits
+from treadle.store.limits import Candidate, Exclusions
+from treadle.store.tables import UTCDateTime, dags
 from treadle.store.tables import task_instances as ti
 
 _INFO_COLUMNS = [ti.c[name] for name in TaskInstanceInfo.__dataclass_fields__]
@@ -58,44 +59,157 @@ def claim(
 ) -> list[sa.Row[Any]]:
     """Move up to `limit` queued task instances to running for this worker, highest priority first.
 
-    The selection is materialised before the UPDATE so `LIMIT` is honoured under concurrent
-    claimers (F14), and locked rows are skipped rather than waited on. `now` None stamps the
-    rows with the statement's database time (see `stamp`); each row returns its `started_at`.
+    Candidates are selected with `LIMIT ... FOR UPDATE SKIP LOCKED` (a plain SELECT, so the limit
+    holds under concurrent claimers, F14), then admitted against pool slots and DAG
+    `max_active_tasks` while the limit rows are locked (F15), then moved in one UPDATE. `now`
+    None stamps rows with the statement's database time (see `stamp`).
     """
-    sel = (
-        sa.select(ti.c.id)
-        .where(ti.c.state == TaskState.QUEUED.value, ti.c.queue.in_(queues))
-        .order_by(ti.c.priority_weight.desc(), ti.c.queued_at, ti.c.id)
-        .limit(limit)
-    )
-    picked = (
-        dialects.lock_for_claim(sel, conn).cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
-    )
+    claimed: list[sa.Row[Any]] = []
+    excluded = Exclusions()
+    for _ in range(2):  # a second round looks past candidates that a full pool held back
+        candidates = _candidates(conn, queues=queues, limit=limit - len(claimed), skip=excluded)
+        admitted = limits.admit(conn, candidates, excluded)
+        # Moved to running before any next round, so that round's usage counts them.
+        claimed.extend(
+            _start(conn, admitted, worker_id=worker_id, hostname=hostname, now=now, lease_s=lease_s)
+        )
+        if len(claimed) >= limit or len(admitted) == len(candidates):
+            break  # full, or nothing was held back that another round could look past
+    return claimed
+
+
+def _start(
+    conn: Connection, ids: list[int], *, worker_id: str, hostname: str, now: datetime | None, lease_s: float
+) -> list[sa.Row[Any]]:
+    if not ids:
+        return []
+    started = stamp(now)
     stmt = (
         sa.update(ti)
-        .where(ti.c.id.in_(sa.select(picked.c.id)), ti.c.state == TaskState.QUEUED.value)
+        .where(ti.c.id.in_(ids), ti.c.state == TaskState.QUEUED.value)
         .values(
             state=TaskState.RUNNING.value,
             attempt=ti.c.attempt + 1,
             worker_id=worker_id,
             hostname=hostname,
-            started_at=stamp(now),
+            started_at=started,
             ended_at=None,
             lease_expires_at=stamp(now, plus=timedelta(seconds=lease_s)),
+            timeout_at=dialects.plus_seconds(conn, started, ti.c.timeout_s),
             next_attempt_at=None,
+            dispatch_deadline=None,
         )
         .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS)
     )
-    rows = list(conn.execute(stmt))
-    timed = [
-        {"b_id": r.id, "b_at": r.started_at + timedelta(seconds=r.timeout_s)} for r in rows if r.timeout_s
-    ]
-    if timed:
-        conn.execute(
-            sa.update(ti).where(ti.c.id == sa.bindparam("b_id")).values(timeout_at=sa.bindparam("b_at")),
-            timed,
+    return list(conn.execute(stmt))
+
+
+def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclusions) -> list[Candidate]:
+    sel = (
+        sa.select(ti.c.id, ti.c.dag_id, ti.c.pool, ti.c.pool_slots, dags.c.max_active_tasks)
+        .select_from(ti.outerjoin(dags, dags.c.dag_id == ti.c.dag_id))
+        .where(ti.c.state == TaskState.QUEUED.value, ti.c.queue.in_(queues))
+        .order_by(ti.c.priority_weight.desc(), ti.c.queued_at, ti.c.id)
+        .limit(limit)
+    )
+    if skip.ids:
+        sel = sel.where(ti.c.id.not_in(sorted(skip.ids)))
+    if skip.pools:
+        sel = sel.where(sa.or_(ti.c.pool.is_(None), ti.c.pool.not_in(sorted(skip.pools))))
+    if skip.dags:
+        sel = sel.where(ti.c.dag_id.not_in(sorted(skip.dags)))
+    rows = conn.execute(dialects.lock_for_claim(sel, conn, of=ti))
+    return [
+        Candidate(
+            id=r.id, dag_id=r.dag_id, pool=r.pool, pool_slots=r.pool_slots, dag_limit=r.max_active_tasks
         )
-    return rows
+        for r in rows
+    ]
+
+
+def hand_back(
+    conn: Connection, *, task_instance_id: int, attempt: int, worker_id: str, now: datetime
+) -> bool:
+    """running -> queued for an attempt this worker gives up unfinished, without spending a retry.
+
+    The attempt number stays consumed (it is the fence), so the retry budget moves with it.
+    """
+    stmt = _guard(
+        sa.update(ti).values(
+            state=TaskState.QUEUED.value,
+            budget_base=ti.c.budget_base + 1,
+            worker_id=None,
+            lease_expires_at=None,
+            timeout_at=None,
+            queued_at=now,
+            dispatch_deadline=dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s),
+        ),
+        task_instance_id=task_instance_id,
+        attempt=attempt,
+        worker_id=worker_id,
+        lease_expired_before=None,
+        timeout_before=None,
+    )
+    return bool(conn.execute(stmt).rowcount)
+
+
+def end_queued(
+    conn: Connection,
+    *,
+    task_instance_id: int,
+    attempt: int,
+    new_state: TaskState,
+    now: datetime,
+    deadline_before: datetime,
+    next_attempt_at: datetime | None,
+    dead_letter_reason: str | None,
+) -> bool:
+    """Compare-and-set queued -> `new_state` once the dispatch deadline passed, consuming `attempt`.
+
+    `attempt` is the number of the attempt that never started (the row is at `attempt - 1`).
+    """
+    stmt = (
+        sa.update(ti)
+        .where(
+            ti.c.id == task_instance_id,
+            ti.c.state == TaskState.QUEUED.value,
+            ti.c.attempt == attempt - 1,
+            ti.c.dispatch_deadline < deadline_before,
+        )
+        .values(
+            state=new_state.value,
+            attempt=attempt,
+            ended_at=now,
+            next_attempt_at=next_attempt_at,
+            dead_letter_reason=dead_letter_reason,
+            dispatch_deadline=None,
+        )
+    )
+    return bool(conn.execute(stmt).rowcount)
+
+
+def expired_dispatch(conn: Connection, *, now: datetime, limit: int) -> list[sa.Row[Any]]:
+    """Queued task instances past their dispatch deadline (the reaper's evidence)."""
+    stmt = (
+        sa.select(
+            *_ATTEMPT_COLUMNS, ti.c.queue, ti.c.pool, ti.c.pool_slots, ti.c.queued_at, ti.c.dispatch_deadline
+        )
+        .where(ti.c.state == TaskState.QUEUED.value, ti.c.dispatch_deadline < now)
+        .order_by(ti.c.dispatch_deadline)
+        .limit(limit)
+    )
+    return list(conn.execute(stmt))
+
+
+def overdue_running(conn: Connection, *, before: datetime, limit: int) -> list[sa.Row[Any]]:
+    """Running task instances whose execution deadline passed before `before`."""
+    stmt = (
+        sa.select(*_ATTEMPT_COLUMNS, ti.c.worker_id, ti.c.hostname, ti.c.started_at, ti.c.timeout_at)
+        .where(ti.c.state == TaskState.RUNNING.value, ti.c.timeout_at < before)
+        .order_by(ti.c.timeout_at)
+        .limit(limit)
+    )
+    return list(conn.execute(stmt))
 
 
 def _guard(
@@ -105,6 +219,7 @@ def _guard(
     attempt: int,
     worker_id: str | None,
     lease_expired_before: datetime | None,
+    timeout_before: datetime | None,
 ) -> sa.Update:
     stmt = stmt.where(
         ti.c.id == task_instance_id, ti.c.state == TaskState.RUNNING.value, ti.c.attempt == attempt
@@ -113,6 +228,8 @@ def _guard(
         stmt = stmt.where(ti.c.worker_id == worker_id)
     if lease_expired_before is not None:
         stmt = stmt.where(ti.c.lease_expires_at < lease_expired_before)
+    if timeout_before is not None:
+        stmt = stmt.where(ti.c.timeout_at < timeout_before)
     return stmt
 
 
@@ -125,13 +242,15 @@ def end_running(
     now: datetime,
     worker_id: str | None = None,
     lease_expired_before: datetime | None = None,
+    timeout_before: datetime | None = None,
     next_attempt_at: datetime | None = None,
     dead_letter_reason: str | None = None,
     orphaned: bool = False,
 ) -> bool:
     """Compare-and-set running -> `new_state` for one attempt; False if another party moved it.
 
-    `worker_id` fences a worker's report; `lease_expired_before` fences the reaper.
+    `worker_id` fences a worker's report; `lease_expired_before` / `timeout_before` fence the
+    reaper (the lease or the execution deadline must really have passed).
     """
     values: dict[str, Any] = {
         "state": new_state.value,
@@ -148,6 +267,7 @@ def end_running(
         attempt=attempt,
         worker_id=worker_id,
         lease_expired_before=lease_expired_before,
+        timeout_before=timeout_before,
     )
     return bool(conn.execute(stmt).rowcount)
 
@@ -209,6 +329,10 @@ def count_upstream_successes(
                 upstream_done=ti.c.upstream_done + n,
                 state=sa.case((ready, TaskState.QUEUED.value), else_=ti.c.state),
                 queued_at=sa.case((ready, stamp(now)), else_=ti.c.queued_at),
+                dispatch_deadline=sa.case(
+                    (ready, dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s)),
+                    else_=ti.c.dispatch_deadline,
+                ),
             )
             .returning(ti.c.state)
         )
@@ -252,6 +376,7 @@ def requeue_dead_letter(conn: Connection, *, task_instance_id: int, now: datetim
         .values(
             state=TaskState.QUEUED.value,
             queued_at=now,
+            dispatch_deadline=dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s),
             budget_base=ti.c.attempt,
             orphaned_count=0,
             dead_letter_reason=None,
@@ -273,7 +398,12 @@ def promote_due_retries(conn: Connection, *, now: datetime, limit: int = 1000) -
     result = conn.execute(
         sa.update(ti)
         .where(ti.c.id.in_(due), ti.c.state == TaskState.RETRY_WAIT.value)
-        .values(state=TaskState.QUEUED.value, queued_at=now, next_attempt_at=None)
+        .values(
+            state=TaskState.QUEUED.value,
+            queued_at=now,
+            next_attempt_at=None,
+            dispatch_deadline=dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s),
+        )
     )
     return int(result.rowcount)
 
@@ -287,6 +417,7 @@ def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[sa.Ro
             ti.c.hostname,
             ti.c.started_at,
             ti.c.lease_expires_at,
+            ti.c.timeout_at,
         )
         .where(ti.c.state == TaskState.RUNNING.value, ti.c.lease_expires_at < now)
         .order_by(ti.c.lease_expires_at)
@@ -316,6 +447,13 @@ def get_task_instance(conn: Connection, task_instance_id: int) -> TaskInstanceIn
     """Return one task instance, or None."""
     row = conn.execute(sa.select(*_INFO_COLUMNS).where(ti.c.id == task_instance_id)).first()
     return TaskInstanceInfo(**row._mapping) if row else None
+
+
+def get_queue_facts(conn: Connection, task_instance_id: int) -> Any:  # Any: a Row
+    """Queue, pool and pool slots of one task instance (what admission depends on)."""
+    return conn.execute(
+        sa.select(ti.c.queue, ti.c.pool, ti.c.pool_slots).where(ti.c.id == task_instance_id)
+    ).one()
 
 
 def list_for_run(conn: Connection, run_id: str) -> list[TaskInstanceInfo]:

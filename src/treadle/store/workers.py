@@ -24,14 +24,19 @@ def register_worker(conn: Connection, info: WorkerInfo) -> None:
             state=info.state,
             started_at=info.started_at,
             last_heartbeat_at=info.last_heartbeat_at,
+            prefetch=info.prefetch,
         )
     )
 
 
-def touch_worker(conn: Connection, worker_id: str, *, now: datetime, state: str) -> None:
-    """Record a worker's heartbeat and state."""
+def touch_worker(
+    conn: Connection, worker_id: str, *, now: datetime, state: str, active: int = 0, prefetched: int = 0
+) -> None:
+    """Record a worker's heartbeat, state and load."""
     conn.execute(
-        sa.update(workers).where(workers.c.worker_id == worker_id).values(last_heartbeat_at=now, state=state)
+        sa.update(workers)
+        .where(workers.c.worker_id == worker_id)
+        .values(last_heartbeat_at=now, state=state, active=active, prefetched=prefetched)
     )
 
 

@@ -126,6 +126,14 @@ class Slot(threading.Thread):
         self._stopping.set()
         self._assigned.set()
 
+    def abandon(self) -> Running | None:
+        """Stop now: kill the running attempt without reporting it; returns what it was running."""
+        current = self.running
+        self.stop()
+        if current is not None:
+            current.revoked = True
+        return current
+
     def run(self) -> None:
         self.on_idle(self)
         while not self._stopping.is_set():
@@ -192,7 +200,8 @@ class Slot(threading.Thread):
                     "traceback": "",
                 }
             if current.revoked:
-                self.child.restart()
+                # Stopping: end the child for good; otherwise replace it for the next attempt.
+                self.child.kill() if self._stopping.is_set() else self.child.restart()
                 return None
             if deadline is not None and time.monotonic() >= deadline:
                 self.child.restart()

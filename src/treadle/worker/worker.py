@@ -15,7 +15,7 @@ from treadle.authoring.loader import folder_signature, load_folder
 from treadle.config import Settings
 from treadle.domain.dag_version import DagVersion
 from treadle.engine.dags import SyncReport, sync_dags, version_of
-from treadle.engine.execution import claim_task_instances, extend_leases
+from treadle.engine.execution import claim_task_instances, extend_leases, hand_back_attempts
 from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database
 from treadle.store.notifications import listen_ready
@@ -54,7 +54,9 @@ class Worker:
         self.concurrency, self.queues, self.poll_s = concurrency, queues, poll_s
         self.hostname = socket.gethostname()
         self.worker_id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        #: Set when the worker stops claiming; `closed` when it stops heartbeating too.
         self.stopping = threading.Event()
+        self.closed = threading.Event()
         self.wake = threading.Event()
         self.idle: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         self.slots: list[Slot] = []
@@ -154,18 +156,39 @@ class Worker:
                 self.wake.wait(self.poll_s)
                 self.wake.clear()
 
-    def stop(self) -> None:
-        """Stop claiming, let running attempts finish their report, end the children."""
+    def stop(self, *, grace_s: float = 0.0, hard: threading.Event | None = None) -> int:
+        """Stop claiming; give running attempts `grace_s` to finish (less if `hard` is set), then
+        kill the rest and hand them back to the queue without spending a retry.
+
+        Leases keep being renewed during the grace period. Returns how many were handed back.
+        """
         self.stopping.set()
         self.wake.set()
         for slot in self.slots:
             slot.stop()
+        deadline = time.monotonic() + grace_s
+        hard = hard or threading.Event()
+        while any(s.running for s in self.slots) and time.monotonic() < deadline and not hard.is_set():
+            hard.wait(0.1)
+        abandoned = [r.task for r in (s.abandon() for s in self.slots) if r is not None]
         for slot in self.slots:
-            slot.join(timeout=10)
+            slot.join(timeout=10)  # each kills its child before it ends
+        handed = 0
         try:
+            if abandoned:
+                handed = hand_back_attempts(
+                    self.db, abandoned, worker_id=self.worker_id, hostname=self.hostname
+                )
             touch_worker(self.db, self.worker_id, state="stopped")
         except Exception:
-            log.exception("could not record worker stop", extra={"event": "worker.stop_error"})
+            # Not fatal: the leases expire and the reaper records the attempts `lost` instead.
+            log.exception("could not hand back or record the stop", extra={"event": "worker.stop_error"})
+        self.closed.set()
+        log.info(
+            "worker stopped",
+            extra={"event": "worker.stopped", "worker_id": self.worker_id, "handed_back": handed},
+        )
+        return handed
 
     def _slot_idle(self, slot: Slot) -> None:
         self.idle.put(slot)
@@ -178,7 +201,7 @@ class Worker:
             log.exception("dag refresh failed", extra={"event": "dags.sync_error"})
 
     def _heartbeat_loop(self) -> None:
-        while not self.stopping.wait(self.settings.heartbeat_s):
+        while not self.closed.wait(self.settings.heartbeat_s):
             self._heartbeat_once()
 
     def _heartbeat_once(self) -> None:
@@ -188,7 +211,12 @@ class Worker:
             renewed = extend_leases(
                 self.db, worker_id=self.worker_id, held=held, lease_s=self.settings.lease_s
             )
-            touch_worker(self.db, self.worker_id, state="running")
+            touch_worker(
+                self.db,
+                self.worker_id,
+                state="stopping" if self.stopping.is_set() else "running",
+                active=len(held),
+            )
         except Exception:
             log.exception("heartbeat failed", extra={"event": "worker.heartbeat_error"})
             # Self-fence (F2): past our own monotonic deadline we can no longer be sure we own

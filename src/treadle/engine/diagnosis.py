@@ -1,0 +1,151 @@
+""" "Why is it not running?": the first condition holding each waiting task instance, and who holds it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.records import TaskInstanceInfo, WorkerInfo
+from treadle.domain.states import TERMINAL_TASK_STATES, TaskState
+from treadle.engine.dags import version_of
+from treadle.errors import InvalidRequest, RunNotFound
+from treadle.store import attempts as attempt_store
+from treadle.store import dags as dag_store
+from treadle.store import limits
+from treadle.store import pools as pool_store
+from treadle.store import runs as run_store
+from treadle.store import task_instances as ti_store
+from treadle.store import workers as worker_store
+from treadle.store.database import Database, db_now
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Waiting:
+    """Why one task instance is where it is."""
+
+    task_instance_id: int
+    task_id: str
+    state: str
+    reason: str
+    #: Who holds what it waits for (task instances, workers), when that applies.
+    held_by: tuple[str, ...] = ()
+
+
+def live_workers(workers: list[WorkerInfo], *, now: datetime, stale_s: float) -> list[WorkerInfo]:
+    """Workers that heartbeated within `stale_s` and are not stopped."""
+    return [
+        w for w in workers if w.state == "running" and w.last_heartbeat_at >= now - timedelta(seconds=stale_s)
+    ]
+
+
+def queued_blocker(
+    conn: Connection,
+    *,
+    queue: str,
+    pool: str | None,
+    pool_slots: int,
+    dag_id: str,
+    now: datetime,
+    stale_s: float,
+) -> tuple[str, tuple[str, ...]]:
+    """The first condition keeping a queued task instance from being claimed, and its holders."""
+    serving = [
+        w
+        for w in live_workers(worker_store.list_workers(conn), now=now, stale_s=stale_s)
+        if queue in w.queues
+    ]
+    if not serving:
+        return f"no live worker serves queue {queue!r}", ()
+    if pool is not None:
+        sizes = {p.name: p for p in pool_store.list_pools(conn) if p.name == pool}
+        if pool not in sizes:
+            return f"pool {pool!r} does not exist (create it with `treadle pools set {pool} SLOTS`)", ()
+        info = sizes[pool]
+        if pool_slots > info.slots:
+            return f"needs {pool_slots} slot(s) of pool {pool!r}, which has only {info.slots}", ()
+        if info.used_slots + pool_slots > info.slots:
+            holders = tuple(
+                f"task instance {i} ({run} / {task}, {n} slot(s))"
+                for i, run, task, n in pool_store.holders(conn, pool)
+            )
+            return f"pool {pool!r} is full ({info.used_slots}/{info.slots} slots in use)", holders
+    dag = dag_store.get_dag(conn, dag_id)
+    if dag is not None and dag.max_active_tasks is not None:
+        running = limits.running_per_dag(conn, [dag_id])[dag_id]
+        if running >= dag.max_active_tasks:
+            return f"DAG {dag_id!r} has max_active_tasks={dag.max_active_tasks} running", ()
+    capacity = sum(w.concurrency for w in serving)
+    busy = sum(w.active for w in serving)
+    names = tuple(f"worker {w.worker_id} ({w.active}/{w.concurrency} busy)" for w in serving)
+    if busy >= capacity:
+        return f"every worker serving queue {queue!r} is busy ({busy}/{capacity} slots)", names
+    return f"ready: waiting to be claimed from queue {queue!r}", names
+
+
+def why(db: Database, run_id: str, task_id: str | None = None, *, worker_stale_s: float) -> list[Waiting]:
+    """Explain each non-terminal task instance of a run (or just `task_id`)."""
+
+    def work(conn: Connection) -> list[Waiting]:
+        run = run_store.get_run(conn, run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        instances = ti_store.list_for_run(conn, run_id)
+        if task_id is not None:
+            instances = [t for t in instances if t.task_id == task_id]
+            if not instances:
+                raise InvalidRequest(f"run {run_id!r} has no task {task_id!r}")
+        now = db_now(conn)
+        upstream = version_of(db, conn, run.dag_version_id).structure.upstream_map()
+        states = {t.task_id: t.state for t in ti_store.list_for_run(conn, run_id)}
+        return [
+            _explain(conn, t, upstream[t.task_id], states, now=now, stale_s=worker_stale_s) for t in instances
+        ]
+
+    return db.query(work)
+
+
+def _explain(
+    conn: Connection,
+    t: TaskInstanceInfo,
+    upstream: tuple[str, ...],
+    states: dict[str, str],
+    *,
+    now: datetime,
+    stale_s: float,
+) -> Waiting:
+    def waiting(reason: str, held_by: tuple[str, ...] = ()) -> Waiting:
+        return Waiting(
+            task_instance_id=t.id, task_id=t.task_id, state=t.state, reason=reason, held_by=held_by
+        )
+
+    if t.state in TERMINAL_TASK_STATES:
+        return waiting(
+            f"finished: {t.state}" + (f" ({t.dead_letter_reason})" if t.dead_letter_reason else "")
+        )
+    if t.state == TaskState.PENDING.value:
+        open_ups = [f"{u} ({states.get(u)})" for u in upstream if states.get(u) != TaskState.SUCCESS.value]
+        return waiting("upstream not done: " + ", ".join(open_ups), tuple(open_ups))
+    if t.state == TaskState.RETRY_WAIT.value:
+        last = attempt_store.last_attempts(conn, [t.id]).get(t.id)
+        error = f" after attempt {last.attempt} ended {last.outcome}: {last.error_type}" if last else ""
+        until = t.next_attempt_at.isoformat() if t.next_attempt_at else "?"
+        return waiting(f"retry wait until {until}{error}")
+    if t.state == TaskState.RUNNING.value:
+        lease = t.lease_expires_at.isoformat() if t.lease_expires_at else "?"
+        return waiting(
+            f"running attempt {t.attempt} on worker {t.worker_id} (lease until {lease})",
+            (f"worker {t.worker_id}",),
+        )
+    row = ti_store.get_queue_facts(conn, t.id)
+    reason, held = queued_blocker(
+        conn,
+        queue=row.queue,
+        pool=row.pool,
+        pool_slots=row.pool_slots,
+        dag_id=t.dag_id,
+        now=now,
+        stale_s=stale_s,
+    )
+    return waiting(reason, held)

@@ -1,0 +1,95 @@
+"""Retention: prune finished runs, their history, old audit entries and gone workers.
+
+Each batch is its own short transaction, so pruning years of history never holds locks for
+long and can stop (or fail) between batches without leaving a run half deleted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy.engine import Connection
+
+from treadle.errors import InvalidRequest
+from treadle.store import retention as retention_store
+from treadle.store.database import Database, db_now
+from treadle.store.retention import PrunedRows
+
+#: Runs deleted per transaction (with all their task instances, attempts and results).
+DEFAULT_BATCH_RUNS = 500
+#: Audit entries and worker rows are small and have no children: a larger batch is still short.
+ROWS_PER_RUN = 10
+
+__all__ = ["DEFAULT_BATCH_RUNS", "PruneReport", "PrunedRows", "prune"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PruneReport:
+    """What one prune deleted (or, in a dry run, would delete)."""
+
+    #: Database time before which finished history was pruned.
+    cutoff: datetime
+    dry_run: bool
+    #: Transactions that deleted something (0 in a dry run).
+    batches: int
+    #: Rows per table.
+    rows: PrunedRows
+
+    @property
+    def deleted_anything(self) -> bool:
+        """True if a real prune removed at least one row."""
+        return not self.dry_run and self.rows.total > 0
+
+
+def prune(
+    db: Database,
+    *,
+    older_than: timedelta,
+    dry_run: bool = False,
+    batch_runs: int = DEFAULT_BATCH_RUNS,
+    max_batches: int | None = None,
+) -> PruneReport:
+    """Delete finished runs (with their children), audit entries and workers older than `older_than`.
+
+    The cutoff is the database clock minus `older_than`, read once, so every batch prunes
+    against the same instant. Only runs in a terminal state whose `ended_at` is before the
+    cutoff are deleted; active runs are never touched, whatever their age.
+
+    Args:
+        db: The database.
+        older_than: Age beyond which finished history goes; must be positive.
+        dry_run: Count what would be deleted, per table, and delete nothing.
+        batch_runs: Most runs deleted per transaction.
+        max_batches: Stop after this many batches (the scheduler takes one per pass); None
+            loops until nothing old is left.
+
+    Raises:
+        InvalidRequest: `older_than` or a batch bound is not positive.
+    """
+    if older_than <= timedelta(0):
+        raise InvalidRequest(f"retention age must be positive, got {older_than}")
+    if batch_runs < 1 or (max_batches is not None and max_batches < 1):
+        raise InvalidRequest("retention batch sizes must be at least 1")
+    cutoff = db.query(db_now) - older_than
+    if dry_run:
+        rows = db.query(lambda conn: retention_store.count_prunable(conn, cutoff=cutoff))
+        return PruneReport(cutoff=cutoff, dry_run=True, batches=0, rows=rows)
+    total, batches = PrunedRows(), 0
+    while max_batches is None or batches < max_batches:
+        deleted = db.transact(lambda conn: _prune_batch(conn, cutoff=cutoff, batch_runs=batch_runs))
+        if deleted.total == 0:
+            break
+        total, batches = total + deleted, batches + 1
+    return PruneReport(cutoff=cutoff, dry_run=False, batches=batches, rows=total)
+
+
+def _prune_batch(conn: Connection, *, cutoff: datetime, batch_runs: int) -> PrunedRows:
+    run_ids = retention_store.lock_old_runs(conn, cutoff=cutoff, limit=batch_runs)
+    runs = retention_store.delete_runs(conn, run_ids)
+    limit = batch_runs * ROWS_PER_RUN
+    others = PrunedRows(
+        audit_log=retention_store.delete_old_audit_entries(conn, cutoff=cutoff, limit=limit),
+        workers=retention_store.delete_old_workers(conn, cutoff=cutoff, limit=limit),
+    )
+    return runs + others

@@ -1,0 +1,134 @@
+"""Persisted deadlines on SQLite and PostgreSQL: dispatch, execution, and handing work back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from tests.helpers.wait import wait_for
+from treadle import dag, task
+from treadle.engine import queries
+from treadle.engine.execution import claim_task_instances, complete_attempt, hand_back_attempts
+from treadle.engine.reaper import enforce_execution_deadlines, expire_dispatch_deadlines, promote_due_retries
+from treadle.engine.workers import record_worker
+from treadle.store.tables import task_instances
+from treadle.testing import DagRunner
+
+
+@task(queue="nowhere", queue_timeout=0.2, retries=1, retry_delay=0)
+def stranded() -> None:
+    return None
+
+
+@task(timeout=0.2, retries=0)
+def bounded() -> str:
+    return "late"
+
+
+@task(retries=1, retry_delay=0)
+def plain() -> str:
+    return "ok"
+
+
+@dag(dag_id="deadlines")
+def deadlines() -> None:
+    stranded()
+    bounded()
+    plain()
+
+
+@pytest.fixture
+def runner(db_url: str) -> Iterator[DagRunner]:
+    r = DagRunner(deadlines, database_url=db_url)
+    yield r
+    r.close()
+
+
+def _state(runner: DagRunner, run_id: str, task_id: str) -> str:
+    return next(t.state for t in queries.run_detail(runner.db, run_id).task_instances if t.task_id == task_id)
+
+
+def test_claim_persists_execution_deadline_only_for_tasks_with_a_timeout(runner: DagRunner) -> None:
+    runner.trigger()
+    claimed = claim_task_instances(
+        runner.db, worker_id="w", hostname="h", queues=["default"], limit=10, lease_s=30
+    )
+    assert {t.task_id for t in claimed} == {"bounded", "plain"}
+    with runner.db.read() as conn:
+        rows = {r.task_id: r for r in conn.execute(sa.select(task_instances))}
+    bounded_row = rows["bounded"]
+    assert (bounded_row.timeout_at - bounded_row.started_at).total_seconds() == pytest.approx(0.2, abs=0.002)
+    assert rows["plain"].timeout_at is None
+
+
+def test_queue_no_worker_serves_ends_dispatch_timeout_with_the_reason(runner: DagRunner) -> None:
+    run_id = runner.trigger()
+    record_worker(runner.db, worker_id="w-default", hostname="h", pid=1, queues=["default"], concurrency=2)
+
+    wait_for(
+        lambda: expire_dispatch_deadlines(runner.db, worker_stale_s=60) == 1,
+        timeout=10,
+        message="the dispatch deadline to pass",
+    )
+    assert _state(runner, run_id, "stranded") == "retry_wait"
+    wait_for(lambda: promote_due_retries(runner.db) >= 1, timeout=5, message="the retry to be queued")
+    wait_for(
+        lambda: expire_dispatch_deadlines(runner.db, worker_stale_s=60) == 1,
+        timeout=10,
+        message="the second dispatch deadline",
+    )
+
+    detail = queries.run_detail(runner.db, run_id)
+    attempts = [a for a in detail.attempts if a.task_id == "stranded"]
+    assert [a.outcome for a in attempts] == ["dispatch_timeout", "dispatch_timeout"]
+    assert all("no live worker serves queue 'nowhere'" in (a.error_message or "") for a in attempts)
+    assert all(a.started_at is None for a in attempts)
+    assert _state(runner, run_id, "stranded") == "dead_letter"
+
+
+def test_reaper_enforces_a_deadline_the_worker_did_not(runner: DagRunner) -> None:
+    run_id = runner.trigger()
+    claimed = claim_task_instances(
+        runner.db, worker_id="stuck", hostname="h", queues=["default"], limit=10, lease_s=300
+    )
+    late = next(t for t in claimed if t.task_id == "bounded")
+
+    wait_for(
+        lambda: enforce_execution_deadlines(runner.db, grace_s=0) == 1,
+        timeout=10,
+        message="the execution deadline to pass",
+    )
+    assert not complete_attempt(runner.db, late, worker_id="stuck", hostname="h", value="late").applied
+
+    detail = queries.run_detail(runner.db, run_id)
+    [attempt] = [a for a in detail.attempts if a.task_id == "bounded"]
+    assert (attempt.outcome, attempt.error_type, attempt.late_result) == (
+        "timed_out",
+        "TaskTimeout",
+        "late success discarded",
+    )
+    assert _state(runner, run_id, "bounded") == "dead_letter"
+
+
+def test_hand_back_requeues_without_spending_a_retry(runner: DagRunner) -> None:
+    run_id = runner.trigger()
+    claimed = claim_task_instances(
+        runner.db, worker_id="leaving", hostname="h", queues=["default"], limit=10, lease_s=30
+    )
+    assert hand_back_attempts(runner.db, claimed, worker_id="leaving", hostname="h") == 2
+    # Only the holder can hand back, and only once.
+    assert hand_back_attempts(runner.db, claimed, worker_id="leaving", hostname="h") == 0
+
+    again = claim_task_instances(
+        runner.db, worker_id="next", hostname="h", queues=["default"], limit=10, lease_s=30
+    )
+    assert sorted(t.attempt for t in again) == [2, 2]
+    assert all(t.attempt - t.budget_base == 1 for t in again)  # still the first try of the budget
+    detail = queries.run_detail(runner.db, run_id)
+    handed = [a for a in detail.attempts if a.outcome == "rejected"]
+    assert {(a.task_id, a.attempt, a.error_type) for a in handed} == {
+        ("bounded", 1, "WorkerShutdown"),
+        ("plain", 1, "WorkerShutdown"),
+    }
