@@ -86,6 +86,7 @@ def main() -> None:
         dags,
         database,
         dead_letters,
+        operations,
         pools,
         processes,
         runs,

@@ -47,6 +47,13 @@ class Signals:
     type=click.IntRange(1, 256),
     help="Attempts run at once (one child process each).",
 )
+@click.option(
+    "--prefetch",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 256),
+    help="Attempts claimed ahead of a free slot (they wait, holding a lease).",
+)
 @click.option("--queues", default="default", show_default=True, help="Comma-separated queues.")
 @click.option(
     "--grace-period",
@@ -57,11 +64,11 @@ class Signals:
 @click.option("--log-level", default="INFO", show_default=True)
 @pass_context
 def worker_cmd(
-    ctx: Context, concurrency: int, queues: str, grace_period: float | None, log_level: str
+    ctx: Context, concurrency: int, prefetch: int, queues: str, grace_period: float | None, log_level: str
 ) -> None:
     """Claim and run task attempts. SIGTERM drains (a second signal stops at once)."""
     configure_logging(log_level)
-    worker = Worker(ctx.db, ctx.settings, concurrency=concurrency, queues=_queues(queues))
+    worker = Worker(ctx.db, ctx.settings, concurrency=concurrency, queues=_queues(queues), prefetch=prefetch)
     _run_until_signal(ctx, worker=worker, grace_s=grace_period)
 
 

@@ -264,7 +264,7 @@ def fail_attempt(
             if worker_id is not None:
                 _discard(conn, task, outcome.value)
             return Ending(applied=False)
-        _insert_attempt(
+        insert_attempt_record(
             conn,
             task,
             outcome=outcome,
@@ -303,7 +303,7 @@ def hand_back_attempts(db: Database, tasks: list[ClaimedTask], *, worker_id: str
                 now=now,
             ):
                 handed += 1
-                _insert_attempt(
+                insert_attempt_record(
                     conn,
                     task,
                     outcome=AttemptOutcome.REJECTED,
@@ -359,7 +359,7 @@ def _attempt_row(
     }
 
 
-def _insert_attempt(
+def insert_attempt_record(
     conn: Connection,
     task: ClaimedTask,
     *,

@@ -13,13 +13,17 @@ from treadle.domain.records import (
     LoadErrorInfo,
     RunInfo,
     TaskInstanceInfo,
+    WorkerInfo,
 )
+from treadle.engine.diagnosis import live_workers
 from treadle.errors import RunNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import dags as dag_store
+from treadle.store import queues as queue_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
-from treadle.store.database import Database
+from treadle.store import workers as worker_store
+from treadle.store.database import Database, db_now
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,3 +71,45 @@ def run_detail(db: Database, run_id: str) -> RunDetail:
         )
 
     return db.query(work)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueView:
+    """A queue: depth, oldest wait, and the live workers serving it."""
+
+    queue: str
+    queued: int
+    running: int
+    oldest_queued_age_s: float | None
+    workers: tuple[str, ...]
+
+
+def list_queues(db: Database, *, worker_stale_s: float) -> list[QueueView]:
+    """Every queue with work or a live worker, by name."""
+
+    def work(conn: Connection) -> list[QueueView]:
+        now = db_now(conn)
+        stats = {s.queue: s for s in queue_store.queue_stats(conn)}
+        live = live_workers(worker_store.list_workers(conn), now=now, stale_s=worker_stale_s)
+        names = sorted(set(stats) | {q for w in live for q in w.queues})
+        views = []
+        for name in names:
+            s = stats.get(name)
+            oldest = s.oldest_queued_at if s else None
+            views.append(
+                QueueView(
+                    queue=name,
+                    queued=s.queued if s else 0,
+                    running=s.running if s else 0,
+                    oldest_queued_age_s=(now - oldest).total_seconds() if oldest else None,
+                    workers=tuple(w.worker_id for w in live if name in w.queues),
+                )
+            )
+        return views
+
+    return db.query(work)
+
+
+def list_workers(db: Database) -> list[WorkerInfo]:
+    """Every known worker with its capacity and load at its last heartbeat."""
+    return db.query(worker_store.list_workers)

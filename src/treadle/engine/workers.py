@@ -10,7 +10,14 @@ from treadle.store.database import Database, db_now
 
 
 def record_worker(
-    db: Database, *, worker_id: str, hostname: str, pid: int, queues: list[str], concurrency: int
+    db: Database,
+    *,
+    worker_id: str,
+    hostname: str,
+    pid: int,
+    queues: list[str],
+    concurrency: int,
+    prefetch: int = 0,
 ) -> None:
     """Register a starting worker."""
 
@@ -27,6 +34,7 @@ def record_worker(
                 state="running",
                 started_at=now,
                 last_heartbeat_at=now,
+                prefetch=prefetch,
             ),
         )
 

@@ -14,6 +14,8 @@ SelectT = TypeVar("SelectT", bound=sa.Select[Any])
 
 #: Channel that workers LISTEN on for "a task became ready".
 READY_CHANNEL = "treadle_ready"
+#: Channel that tells workers to renew their leases now (a running attempt was cancelled).
+CANCEL_CHANNEL = "treadle_cancel"
 
 
 def now(conn: Connection) -> datetime:
@@ -45,6 +47,12 @@ def plus_seconds(conn: Connection, base: Any, seconds: Any) -> Any:
     else:
         expr = base + sa.literal_column("interval '1 second'") * seconds
     return sa.type_coerce(expr, UTCDateTime())
+
+
+def notify_cancel(conn: Connection) -> None:
+    """Ask workers to check their attempts at once (PostgreSQL only; heartbeats catch it anyway)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"NOTIFY {CANCEL_CHANNEL}")
 
 
 def notify_ready(conn: Connection) -> None:

@@ -1,24 +1,22 @@
-"""LISTEN for "a task became ready" on PostgreSQL. A latency hint only: callers always poll too."""
+"""LISTEN on PostgreSQL for worker wake-ups. A latency hint only: callers always poll too."""
 
 from __future__ import annotations
 
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import psycopg
-
-from treadle.store.dialects import READY_CHANNEL
 
 log = logging.getLogger("treadle.store.notifications")
 
 
-def listen_ready(url: str, *, on_notify: Callable[[], None], stop: threading.Event) -> None:
-    """Call `on_notify` for each ready notification until `stop` is set.
+def listen(url: str, *, handlers: Mapping[str, Callable[[], None]], stop: threading.Event) -> None:
+    """Call the handler of each channel that is notified, until `stop` is set.
 
-    Every (re)connection re-LISTENs and calls `on_notify` once at once, so a notification lost
-    while disconnected costs at most one poll, never a stuck task (F6).
+    Every (re)connection re-LISTENs and calls every handler once at once, so a notification
+    lost while disconnected costs at most one poll, never a stuck task (F6).
     """
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     failures = 0
@@ -27,18 +25,21 @@ def listen_ready(url: str, *, on_notify: Callable[[], None], stop: threading.Eve
             with psycopg.connect(
                 dsn, autocommit=True, application_name="treadle-listen", connect_timeout=5
             ) as conn:
-                conn.execute(f"LISTEN {READY_CHANNEL}")
+                for channel in handlers:
+                    conn.execute(f"LISTEN {channel}")
                 failures = 0
-                on_notify()
+                for handler in handlers.values():
+                    handler()
                 while not stop.is_set():
-                    for _ in conn.notifies(timeout=1.0, stop_after=1):
-                        on_notify()
+                    for notice in conn.notifies(timeout=1.0, stop_after=1):
+                        on_notice = handlers.get(notice.channel)
+                        if on_notice is not None:
+                            on_notice()
                     conn.execute("SELECT 1")  # detects a dead connection between notifications
         except psycopg.Error as exc:
             failures += 1
             delay = min(0.2 * 2**failures, 10.0) * (0.5 + random.random())
             log.warning(
-                "listen connection lost",
-                extra={"event": "worker.listen_lost", "error": str(exc)[:200]},
+                "listen connection lost", extra={"event": "worker.listen_lost", "error": str(exc)[:200]}
             )
             stop.wait(delay)

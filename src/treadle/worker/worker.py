@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -14,11 +15,13 @@ from pathlib import Path
 from treadle.authoring.loader import folder_signature, load_folder
 from treadle.config import Settings
 from treadle.domain.dag_version import DagVersion
+from treadle.domain.records import ClaimedTask
 from treadle.engine.dags import SyncReport, sync_dags, version_of
 from treadle.engine.execution import claim_task_instances, extend_leases, hand_back_attempts
 from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database
-from treadle.store.notifications import listen_ready
+from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
+from treadle.store.notifications import listen
 from treadle.worker.completer import Completer
 from treadle.worker.slot import Slot
 
@@ -49,15 +52,21 @@ class Worker:
         queues: list[str],
         worker_id: str | None = None,
         poll_s: float = 1.0,
+        prefetch: int = 0,
     ) -> None:
         self.db, self.settings = db, settings
         self.concurrency, self.queues, self.poll_s = concurrency, queues, poll_s
+        #: Attempts claimed ahead of a free slot (they hold a lease and are heartbeated).
+        self.prefetch = prefetch
+        self.prefetched: collections.deque[ClaimedTask] = collections.deque()
         self.hostname = socket.gethostname()
         self.worker_id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         #: Set when the worker stops claiming; `closed` when it stops heartbeating too.
         self.stopping = threading.Event()
         self.closed = threading.Event()
         self.wake = threading.Event()
+        #: Set to renew leases (and so notice cancelled attempts) before the next heartbeat.
+        self.beat_now = threading.Event()
         self.idle: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         self.slots: list[Slot] = []
         self._signature: tuple[tuple[str, int, int], ...] = ()
@@ -80,6 +89,7 @@ class Worker:
             pid=os.getpid(),
             queues=self.queues,
             concurrency=self.concurrency,
+            prefetch=self.prefetch,
         )
         completer = Completer(self.db, worker_id=self.worker_id, hostname=self.hostname)
         completer.start()
@@ -99,11 +109,12 @@ class Worker:
             slot.start()
         threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
         if self.db.dialect == "postgresql":
+            handlers = {READY_CHANNEL: self.wake.set, CANCEL_CHANNEL: self.beat_now.set}
             threading.Thread(
-                target=listen_ready,
+                target=listen,
                 name="treadle-listen",
                 daemon=True,
-                kwargs={"url": self.db.url, "on_notify": self.wake.set, "stop": self.stopping},
+                kwargs={"url": self.db.url, "handlers": handlers, "stop": self.closed},
             ).start()
         log.info(
             "worker started",
@@ -132,29 +143,36 @@ class Worker:
         """Claim and dispatch until stopped (call start() first)."""
         next_refresh = time.monotonic() + self.settings.dag_refresh_s
         while not self.stopping.is_set():
-            free = self.idle.qsize()
+            self._dispatch_prefetched()
+            # Bounded admission: never more than `concurrency` running plus `prefetch` waiting.
+            want = self.idle.qsize() + self.prefetch - len(self.prefetched)
             claimed = []
-            if free:
+            if want > 0:
                 try:
                     claimed = claim_task_instances(
                         self.db,
                         worker_id=self.worker_id,
                         hostname=self.hostname,
                         queues=self.queues,
-                        limit=free,
+                        limit=want,
                         lease_s=self.settings.lease_s,
                     )
                 except Exception:
                     log.exception("claim failed", extra={"event": "worker.claim_error"})
                     self.stopping.wait(1.0)
-            for task in claimed:
-                self.idle.get().assign(task)
+            self.prefetched.extend(claimed)
+            self._dispatch_prefetched()
             if time.monotonic() >= next_refresh:
                 next_refresh = time.monotonic() + self.settings.dag_refresh_s
                 self._refresh_quietly()
-            if not claimed or len(claimed) < free:
+            if not claimed or len(claimed) < want:
                 self.wake.wait(self.poll_s)
                 self.wake.clear()
+
+    def _dispatch_prefetched(self) -> None:
+        # Only this thread takes idle slots, so a non-empty queue cannot empty under us.
+        while self.prefetched and not self.idle.empty():
+            self.idle.get().assign(self.prefetched.popleft())
 
     def stop(self, *, grace_s: float = 0.0, hard: threading.Event | None = None) -> int:
         """Stop claiming; give running attempts `grace_s` to finish (less if `hard` is set), then
@@ -171,6 +189,8 @@ class Worker:
         while any(s.running for s in self.slots) and time.monotonic() < deadline and not hard.is_set():
             hard.wait(0.1)
         abandoned = [r.task for r in (s.abandon() for s in self.slots) if r is not None]
+        abandoned.extend(self.prefetched)  # never started: handed back as they are
+        self.prefetched.clear()
         for slot in self.slots:
             slot.join(timeout=10)  # each kills its child before it ends
         handed = 0
@@ -201,12 +221,17 @@ class Worker:
             log.exception("dag refresh failed", extra={"event": "dags.sync_error"})
 
     def _heartbeat_loop(self) -> None:
-        while not self.closed.wait(self.settings.heartbeat_s):
-            self._heartbeat_once()
+        while not self.closed.is_set():
+            self.beat_now.wait(self.settings.heartbeat_s)
+            self.beat_now.clear()
+            if not self.closed.is_set():
+                self._heartbeat_once()
 
     def _heartbeat_once(self) -> None:
         current = [s.running for s in self.slots]
         held = [(r.task.task_instance_id, r.task.attempt) for r in current if r is not None]
+        waiting = list(self.prefetched)
+        held.extend((t.task_instance_id, t.attempt) for t in waiting)
         try:
             renewed = extend_leases(
                 self.db, worker_id=self.worker_id, held=held, lease_s=self.settings.lease_s
@@ -215,7 +240,8 @@ class Worker:
                 self.db,
                 self.worker_id,
                 state="stopping" if self.stopping.is_set() else "running",
-                active=len(held),
+                active=len(held) - len(waiting),
+                prefetched=len(waiting),
             )
         except Exception:
             log.exception("heartbeat failed", extra={"event": "worker.heartbeat_error"})

@@ -1,0 +1,112 @@
+"""Operational views and actions: `treadle why`, `queues`, `workers`, and cancelling."""
+
+from __future__ import annotations
+
+import click
+
+from treadle.cli.main import Context, cli, identity, pass_context
+from treadle.cli.render import emit_json, fmt_time, table
+from treadle.cli.runs import runs_group
+from treadle.cli.tasks import tasks_group
+from treadle.engine import cancellation, diagnosis, queries
+
+
+@cli.command("why")
+@click.argument("run_id")
+@click.argument("task_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def why_cmd(ctx: Context, run_id: str, task_id: str | None, as_json: bool) -> None:
+    """Why is a task not running? The first condition holding each task instance, and who holds it."""
+    found = diagnosis.why(ctx.db, run_id, task_id, worker_stale_s=ctx.settings.lease_s)
+    if as_json:
+        emit_json(found)
+        return
+    table(
+        f"Why: {run_id}",
+        ["task", "state", "reason", "held by"],
+        [(w.task_id, w.state, w.reason, "; ".join(w.held_by)) for w in found],
+    )
+
+
+@cli.command("queues")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def queues_cmd(ctx: Context, as_json: bool) -> None:
+    """Queue depth, oldest queued age, and the live workers serving each queue."""
+    found = queries.list_queues(ctx.db, worker_stale_s=ctx.settings.lease_s)
+    if as_json:
+        emit_json(found)
+        return
+    table(
+        "Queues",
+        ["queue", "queued", "running", "oldest queued", "workers"],
+        [
+            (
+                q.queue,
+                q.queued,
+                q.running,
+                "-" if q.oldest_queued_age_s is None else f"{q.oldest_queued_age_s:.1f} s ago",
+                ", ".join(q.workers) or "none",
+            )
+            for q in found
+        ],
+    )
+
+
+@cli.command("workers")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def workers_cmd(ctx: Context, as_json: bool) -> None:
+    """Workers with their capacity, active and prefetched attempts at their last heartbeat."""
+    found = queries.list_workers(ctx.db)
+    if as_json:
+        emit_json(found)
+        return
+    table(
+        "Workers",
+        ["worker", "state", "queues", "capacity", "active", "prefetched", "heartbeat"],
+        [
+            (
+                w.worker_id,
+                w.state,
+                ",".join(w.queues),
+                f"{w.concurrency}+{w.prefetch}",
+                w.active,
+                w.prefetched,
+                fmt_time(w.last_heartbeat_at),
+            )
+            for w in found
+        ],
+    )
+
+
+def _show(result: cancellation.Cancellation, as_json: bool) -> None:
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(
+        f"cancelled {len(result.cancelled)} task instance(s) of {result.run_id}"
+        f" ({len(result.running_killed)} running); run is {result.run_state}"
+    )
+
+
+@runs_group.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", default="", help="Why (recorded in the audit log).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def cancel_run_cmd(ctx: Context, run_id: str, reason: str, as_json: bool) -> None:
+    """Cancel a run: running attempts are killed, nothing else starts."""
+    _show(cancellation.cancel_run(ctx.db, run_id, actor=identity(), reason=reason), as_json)
+
+
+@tasks_group.command("cancel")
+@click.argument("run_id")
+@click.argument("task_id")
+@click.option("--reason", default="", help="Why (recorded in the audit log).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def cancel_task_cmd(ctx: Context, run_id: str, task_id: str, reason: str, as_json: bool) -> None:
+    """Cancel one task instance of a run and everything downstream of it."""
+    _show(cancellation.cancel_task(ctx.db, run_id, task_id, actor=identity(), reason=reason), as_json)

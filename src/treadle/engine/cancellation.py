@@ -1,0 +1,111 @@
+"""Cancelling a run or one task instance: recorded with who asked; running attempts are killed.
+
+A running attempt's worker learns of the cancel when its lease renewal no longer matches
+(at once where NOTIFY reaches it, at the next heartbeat otherwise), kills the attempt's
+process group and reports nothing; a late report would be discarded by the fence anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, RunState, TaskState
+from treadle.engine.dags import version_of
+from treadle.engine.execution import insert_attempt_record
+from treadle.engine.runs import finish_run_if_done
+from treadle.errors import InvalidRequest, RunNotFound
+from treadle.store import audit, dialects
+from treadle.store import cancellation as cancel_store
+from treadle.store import runs as run_store
+from treadle.store.database import Database, db_now
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancellation:
+    """What a cancel changed."""
+
+    run_id: str
+    cancelled: tuple[str, ...]
+    running_killed: tuple[str, ...]
+    run_state: str
+
+
+def cancel_run(db: Database, run_id: str, *, actor: str, reason: str = "") -> Cancellation:
+    """Cancel every active task instance of a run and the run itself."""
+    return db.transact(lambda conn: _cancel(db, conn, run_id, None, actor=actor, reason=reason))
+
+
+def cancel_task(db: Database, run_id: str, task_id: str, *, actor: str, reason: str = "") -> Cancellation:
+    """Cancel one task instance and everything downstream of it that has not finished."""
+    return db.transact(lambda conn: _cancel(db, conn, run_id, task_id, actor=actor, reason=reason))
+
+
+def _cancel(
+    db: Database, conn: Connection, run_id: str, task_id: str | None, *, actor: str, reason: str
+) -> Cancellation:
+    run = run_store.get_run(conn, run_id)
+    if run is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    if run.state in TERMINAL_RUN_STATES and task_id is None:
+        raise InvalidRequest(f"run {run_id!r} already ended {run.state}")
+    version = version_of(db, conn, run.dag_version_id)
+    targets: list[str] | None = None
+    if task_id is not None:
+        if task_id not in version.structure.tasks:
+            raise InvalidRequest(f"run {run_id!r} has no task {task_id!r}")
+        targets = [task_id, *version.all_downstream(task_id)]
+    rows = cancel_store.active_instances(conn, run_id=run_id, task_ids=targets)
+    if task_id is not None and not any(r.task_id == task_id for r in rows):
+        raise InvalidRequest(f"task {task_id!r} of run {run_id!r} has already finished")
+    now = db_now(conn)
+    cancel_store.cancel_instances(conn, ids=[r.id for r in rows], now=now)
+    note = f"cancelled by {actor}" + (f": {reason}" if reason else "")
+    running = [r for r in rows if r.state == TaskState.RUNNING.value]
+    for r in running:
+        task = ClaimedTask(
+            task_instance_id=r.id,
+            run_id=run_id,
+            dag_id=run.dag_id,
+            task_id=r.task_id,
+            attempt=r.attempt,
+            budget_base=0,
+            orphaned_count=0,
+            dag_version_id=run.dag_version_id,
+            logical_date=run.logical_date,
+            started_at=r.started_at or now,
+            timeout_s=None,
+        )
+        insert_attempt_record(
+            conn,
+            task,
+            outcome=AttemptOutcome.CANCELLED,
+            now=now,
+            worker_id=r.worker_id or "",
+            hostname=r.hostname or "",
+            error=AttemptError(error_type="Cancelled", message=note, frame="treadle.cancel"),
+        )
+    if task_id is None:
+        run_store.set_run_state(conn, run_id, expected=RunState.RUNNING, new=RunState.CANCELLED, now=now)
+        run_store.set_run_state(conn, run_id, expected=RunState.QUEUED, new=RunState.CANCELLED, now=now)
+    else:
+        finish_run_if_done(conn, run_id)
+    audit.record(
+        conn,
+        at=now,
+        actor=actor,
+        action="run.cancelled" if task_id is None else "task.cancelled",
+        target=f"run:{run_id}" + (f"/task:{task_id}" if task_id else ""),
+        details={"reason": reason, "cancelled": [r.task_id for r in rows]},
+    )
+    if running:
+        dialects.notify_cancel(conn)
+    state = run_store.get_run(conn, run_id)
+    return Cancellation(
+        run_id=run_id,
+        cancelled=tuple(r.task_id for r in rows),
+        running_killed=tuple(r.task_id for r in running),
+        run_state=state.state if state else run.state,
+    )

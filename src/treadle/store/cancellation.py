@@ -1,0 +1,44 @@
+"""Queries for cancelling task instances (guarded: only active ones move)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from treadle.domain.states import ACTIVE_TASK_STATES, TaskState
+from treadle.store.tables import task_instances as ti
+
+_ACTIVE = sorted(s.value for s in ACTIVE_TASK_STATES)
+
+
+def active_instances(conn: Connection, *, run_id: str, task_ids: list[str] | None) -> list[Any]:
+    """Active task instances of a run (all, or the given tasks), locked for the cancel."""
+    stmt = sa.select(
+        ti.c.id, ti.c.task_id, ti.c.state, ti.c.attempt, ti.c.worker_id, ti.c.hostname, ti.c.started_at
+    ).where(ti.c.run_id == run_id, ti.c.state.in_(_ACTIVE))
+    if task_ids is not None:
+        stmt = stmt.where(ti.c.task_id.in_(task_ids))
+    if conn.dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    return list(conn.execute(stmt.order_by(ti.c.id)))
+
+
+def cancel_instances(conn: Connection, *, ids: list[int], now: datetime) -> int:
+    """Move the given task instances to cancelled if they are still active."""
+    if not ids:
+        return 0
+    result = conn.execute(
+        sa.update(ti)
+        .where(ti.c.id.in_(ids), ti.c.state.in_(_ACTIVE))
+        .values(
+            state=TaskState.CANCELLED.value,
+            ended_at=now,
+            lease_expires_at=None,
+            next_attempt_at=None,
+            dispatch_deadline=None,
+        )
+    )
+    return int(result.rowcount)
