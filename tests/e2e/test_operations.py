@@ -193,7 +193,7 @@ WIDE_DAG = """
         return n
 
 
-    @task(queue="gpu")
+    @task(queue="gpu", queue_timeout=4, retries=0)
     def elsewhere() -> None:
         return None
 
@@ -232,3 +232,11 @@ def test_bounded_admission_and_the_operational_views(pg_url: str, cluster: Calla
     assert any("busy" in r for t, r in why.items() if t.startswith("hold") and "running" not in r)
     shown = c.cli("why", run_id, "elsewhere")
     assert shown.returncode == 0 and "no live worker serves queue 'gpu'" in shown.stdout
+
+    # Its dispatch deadline passes: the attempt ends dispatch_timeout with that reason.
+    def stranded() -> object:
+        return next((a for a in c.detail(run_id).attempts if a.task_id == "elsewhere"), None)
+
+    attempt = wait_for(stranded, timeout=30, message="the dispatch deadline to pass")
+    assert attempt.outcome == "dispatch_timeout"  # type: ignore[attr-defined]
+    assert "no live worker serves queue 'gpu'" in attempt.error_message  # type: ignore[attr-defined]
