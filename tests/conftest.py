@@ -86,7 +86,7 @@ def _mysql_admin() -> pymysql.connections.Connection[Any]:
 
 def _mysql_create(name: str) -> None:
     with _mysql_admin() as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        cur.execute(f"CREATE DATABASE {name}")  # server defaults, as a user would create it
 
 
 def _mysql_drop(name: str) -> None:
