@@ -189,12 +189,7 @@ def _create_engine(url: str, application_name: str, pool_size: int) -> Engine:
         }
     options: dict[str, Any] = {}
     if url.startswith("mysql"):
-        # UTC session time zone: NOW() and TIMESTAMP columns then agree with UTC_TIMESTAMP().
-        connect_args = {
-            "init_command": "SET time_zone = '+00:00'",
-            "charset": "utf8mb4",
-            "connect_timeout": 10,
-        }
+        connect_args = {"init_command": _MYSQL_SESSION, "charset": "utf8mb4", "connect_timeout": 10}
         # InnoDB's REPEATABLE READ keeps a snapshot from the first read, so a claim that locks a
         # pool row and then counts its running rows could count from a stale snapshot (F15);
         # READ COMMITTED reads the latest committed rows, as PostgreSQL does by default.
@@ -202,6 +197,14 @@ def _create_engine(url: str, application_name: str, pool_size: int) -> Engine:
     return sa.create_engine(
         url, connect_args=connect_args, pool_size=pool_size, max_overflow=10, pool_recycle=3600, **options
     )
+
+
+#: Session settings for MySQL/MariaDB. UTC time zone: NOW() and TIMESTAMP values then agree
+#: with UTC_TIMESTAMP(). Strict mode even where the server runs without it: a value too long
+#: for its column is an error, never silently cut.
+_MYSQL_SESSION = (
+    "SET time_zone = '+00:00', sql_mode = CONCAT_WS(',', NULLIF(@@sql_mode, ''), 'STRICT_TRANS_TABLES')"
+)
 
 
 def _configure_sqlite(engine: Engine) -> None:
