@@ -3,7 +3,9 @@ UPDATE ... RETURNING, upserts, notifications. Nothing outside this module branch
 
 MySQL/MariaDB (10.6+ for SKIP LOCKED) differs most: it has no UPDATE ... RETURNING (emulated
 below in the same transaction, fenced by the same guard), no `FOR UPDATE OF`, and no NOTIFY
-(workers rely on their bounded poll, which is always running anyway).
+(workers rely on their bounded poll, which is always running anyway). One gap is in the
+schema (tables.py): a utf8mb4 key holds at most 3072 bytes, so `dag_load_errors.fileloc`
+is VARCHAR(768) there, not 1000.
 """
 
 from __future__ import annotations
