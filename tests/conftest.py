@@ -1,7 +1,9 @@
-"""Database fixtures: a fresh SQLite file or a fresh PostgreSQL database per test.
+"""Database fixtures: a fresh SQLite file, PostgreSQL database or MariaDB database per test.
 
 PostgreSQL comes from TREADLE_TEST_PG_URL (default: the machine's server, database `test`).
 Each test gets `CREATE DATABASE ... TEMPLATE treadle_template`, migrated once per session.
+MariaDB/MySQL comes from TREADLE_TEST_MYSQL_URL; it has no template databases, so each test
+gets a new database whose tables are copied (`CREATE TABLE ... LIKE`) from one migrated once.
 A missing server skips those tests locally and fails them when CI is set.
 """
 
@@ -12,15 +14,19 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pymysql
 import pytest
+import sqlalchemy as sa
 
 from treadle.store import migrate
 from treadle.store.database import Database
 
 PG_ADMIN_URL = os.environ.get("TREADLE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TEMPLATE = "treadle_template"
+MYSQL_ADMIN_URL = os.environ.get("TREADLE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
 
 def _pg_url(dbname: str) -> str:
@@ -61,11 +67,84 @@ def pg_url(pg_template: str) -> Iterator[str]:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def _mysql_url(dbname: str) -> str:
+    return sa.engine.make_url(MYSQL_ADMIN_URL).set(database=dbname).render_as_string(hide_password=False)
+
+
+def _mysql_admin() -> pymysql.connections.Connection[Any]:
+    url = sa.engine.make_url(MYSQL_ADMIN_URL)
+    return pymysql.connect(
+        host=url.host or "127.0.0.1",
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        database=url.database,
+        autocommit=True,
+        connect_timeout=5,
+    )
+
+
+def _mysql_create(name: str) -> None:
+    with _mysql_admin() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")  # server defaults, as a user would create it
+
+
+def _mysql_drop(name: str) -> None:
+    with _mysql_admin() as conn, conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture(scope="session")
+def mysql_template() -> Iterator[str]:
+    """Create (once per session) a migrated MariaDB/MySQL database to copy tables from."""
+    try:
+        _mysql_admin().close()
+    except pymysql.err.OperationalError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"MariaDB/MySQL is required in CI: {exc}")
+        pytest.skip(f"MariaDB/MySQL not available: {exc}")
+    _mysql_drop(TEMPLATE)
+    _mysql_create(TEMPLATE)
+    db = Database(_mysql_url(TEMPLATE))
+    migrate.upgrade(db)
+    db.dispose()
+    yield TEMPLATE
+    _mysql_drop(TEMPLATE)
+
+
+@pytest.fixture
+def mysql_url(mysql_template: str) -> Iterator[str]:
+    """A fresh, migrated MariaDB/MySQL database for one test (tables copied from the template)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    _mysql_create(name)
+    with _mysql_admin() as conn, conn.cursor() as cur:
+        cur.execute(f"SHOW TABLES FROM {mysql_template}")
+        for (table,) in cur.fetchall():
+            cur.execute(f"CREATE TABLE {name}.{table} LIKE {mysql_template}.{table}")
+        cur.execute(f"INSERT INTO {name}.alembic_version SELECT * FROM {mysql_template}.alembic_version")
+    yield _mysql_url(name)
+    _mysql_drop(name)
+
+
+_DIALECTS = [
+    "sqlite",
+    pytest.param("postgresql", marks=pytest.mark.postgres),
+    pytest.param("mysql", marks=pytest.mark.mysql),
+]
+
+
+@pytest.fixture(params=_DIALECTS)
 def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """An empty database (no schema) on each dialect, for migration tests."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    if request.param == "mysql":
+        request.getfixturevalue("mysql_template")  # skips or fails like the other MySQL tests
+        name = f"e_{uuid.uuid4().hex[:12]}"
+        _mysql_create(name)
+        yield _mysql_url(name)
+        _mysql_drop(name)
         return
     request.getfixturevalue("pg_template")  # skips or fails like the other PostgreSQL tests
     name = f"e_{uuid.uuid4().hex[:12]}"
@@ -94,13 +173,11 @@ def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
     return f"sqlite:///{target}"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=_DIALECTS)
 def db_url(request: pytest.FixtureRequest) -> str:
-    """The same test on SQLite and on PostgreSQL."""
-    if request.param == "sqlite":
-        url: str = request.getfixturevalue("sqlite_url")
-    else:
-        url = request.getfixturevalue("pg_url")
+    """The same test on SQLite, PostgreSQL and MariaDB/MySQL."""
+    fixture = {"sqlite": "sqlite_url", "postgresql": "pg_url", "mysql": "mysql_url"}[request.param]
+    url: str = request.getfixturevalue(fixture)
     return url
 
 

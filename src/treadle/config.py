@@ -59,9 +59,9 @@ class Settings:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first inconsistent setting."""
-        if not self.database_url.startswith(("sqlite:", "postgresql", "postgres:")):
+        if not self.database_url.startswith(("sqlite:", "postgresql", "postgres:", "mysql", "mariadb")):
             raise ConfigError(
-                f"TREADLE_DATABASE_URL must be a sqlite:/// or postgresql:// URL, "
+                f"TREADLE_DATABASE_URL must be a sqlite:///, postgresql:// or mysql:// URL, "
                 f"got {self.database_url.split('://')[0]}://..."
             )
         if self.heartbeat_s * 3 > self.lease_s:

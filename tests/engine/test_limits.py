@@ -13,6 +13,7 @@ from treadle.engine.execution import claim_task_instances, complete_attempts
 from treadle.engine.pools import set_pool
 from treadle.engine.workers import record_worker
 from treadle.store.database import Database
+from treadle.store.tables import dags
 from treadle.store.tables import task_instances as ti
 from treadle.testing import DagRunner
 
@@ -91,6 +92,26 @@ def test_dag_max_active_tasks(db_url: str) -> None:
         assert len(_claim(runner.db, "w1")) == 2  # across both runs of the DAG
         assert _claim(runner.db, "w2") == []
     finally:
+        runner.close()
+
+
+def test_dag_limit_holds_while_another_transaction_locks_the_dag_row(db_url: str) -> None:
+    # On MariaDB a claim that joined `dags` under SKIP LOCKED would null-extend a locked DAG
+    # row and read "no limit"; the claim must read the limit and wait for the row instead.
+    runner = DagRunner(limited, database_url=db_url)
+    holder = Database(db_url)
+    claimed: list = []  # type: ignore[type-arg]
+    try:
+        runner.trigger()
+        with holder.begin() as conn:
+            conn.execute(sa.select(dags.c.dag_id).where(dags.c.dag_id == "limited").with_for_update())
+            claimer = threading.Thread(target=lambda: claimed.extend(_claim(runner.db, "w1")))
+            claimer.start()
+            claimer.join(timeout=0.5)  # holds the row while the claim runs into it
+        claimer.join(timeout=60)
+        assert len(claimed) == 2
+    finally:
+        holder.dispose()
         runner.close()
 
 

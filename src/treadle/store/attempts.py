@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from treadle.domain.records import AttemptInfo
+from treadle.store import dialects
 from treadle.store.tables import task_attempts, task_results
 
 
@@ -85,20 +85,10 @@ def put_results(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Store task results (columns of `task_results`) in one upsert, replacing earlier ones."""
     if not rows:
         return
-    conn.execute(_upsert_result(conn.dialect.name), rows)
-
-
-def _upsert_result(dialect: str) -> Any:
-    """INSERT … ON CONFLICT (task_instance_id) DO UPDATE for `task_results` (built once per dialect)."""
-    found = _UPSERTS.get(dialect)
-    if found is None:
-        insert: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        stmt = insert(task_results)
-        found = _UPSERTS[dialect] = stmt.on_conflict_do_update(
-            index_elements=[task_results.c.task_instance_id],
-            set_={c: stmt.excluded[c] for c in ("run_id", "task_id", "value", "size_bytes", "created_at")},
-        )
-    return found
-
-
-_UPSERTS: dict[str, Any] = {}
+    stmt = dialects.upsert(
+        conn,
+        task_results,
+        key="task_instance_id",
+        update=("run_id", "task_id", "value", "size_bytes", "created_at"),
+    )
+    conn.execute(stmt, rows)

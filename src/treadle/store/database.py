@@ -36,13 +36,22 @@ _TRANSIENT_SQLSTATES = {
     "08001",
     "08004",
 }
+#: MySQL/MariaDB error numbers worth retrying: lock wait timeout, deadlock, server gone away,
+#: lost connection, connection killed (MariaDB 1927), idle client disconnected (4031).
+_TRANSIENT_MYSQL_ERRORS = {1205, 1213, 2006, 2013, 1927, 4031}
 
 
 def normalise_url(url: str) -> str:
-    """Map plain `postgresql://` URLs to the psycopg 3 driver."""
+    """Map plain `postgresql://` URLs to the psycopg 3 driver, `mysql://` / `mariadb://` to PyMySQL.
+
+    MariaDB URLs use SQLAlchemy's `mysql` dialect name, so one name covers both servers.
+    """
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
+    for prefix in ("mysql://", "mariadb://", "mariadb+pymysql://"):
+        if url.startswith(prefix):
+            return "mysql+pymysql://" + url[len(prefix) :]
     return url
 
 
@@ -53,6 +62,10 @@ def is_transient(exc: BaseException) -> bool:
     orig = getattr(exc, "orig", None)
     sqlstate = getattr(orig, "sqlstate", None)
     if sqlstate in _TRANSIENT_SQLSTATES:
+        return True
+    # PyMySQL errors carry the server's error number as their first argument.
+    args = getattr(orig, "args", None)
+    if args and args[0] in _TRANSIENT_MYSQL_ERRORS:
         return True
     text = str(orig or exc).lower()
     return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) and any(
@@ -174,9 +187,24 @@ def _create_engine(url: str, application_name: str, pool_size: int) -> Engine:
             "keepalives": 1,
             "keepalives_idle": 30,
         }
+    options: dict[str, Any] = {}
+    if url.startswith("mysql"):
+        connect_args = {"init_command": _MYSQL_SESSION, "charset": "utf8mb4", "connect_timeout": 10}
+        # InnoDB's REPEATABLE READ keeps a snapshot from the first read, so a claim that locks a
+        # pool row and then counts its running rows could count from a stale snapshot (F15);
+        # READ COMMITTED reads the latest committed rows, as PostgreSQL does by default.
+        options["isolation_level"] = "READ COMMITTED"
     return sa.create_engine(
-        url, connect_args=connect_args, pool_size=pool_size, max_overflow=10, pool_recycle=3600
+        url, connect_args=connect_args, pool_size=pool_size, max_overflow=10, pool_recycle=3600, **options
     )
+
+
+#: Session settings for MySQL/MariaDB. UTC time zone: NOW() and TIMESTAMP values then agree
+#: with UTC_TIMESTAMP(). Strict mode even where the server runs without it: a value too long
+#: for its column is an error, never silently cut.
+_MYSQL_SESSION = (
+    "SET time_zone = '+00:00', sql_mode = CONCAT_WS(',', NULLIF(@@sql_mode, ''), 'STRICT_TRANS_TABLES')"
+)
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -1,11 +1,21 @@
-"""The few places where SQLite and PostgreSQL differ: clock, claim locking, notifications."""
+"""The few places where SQLite, PostgreSQL and MySQL/MariaDB differ: clock, claim locking,
+UPDATE ... RETURNING, upserts, notifications. Nothing outside this module branches on dialect.
+
+MySQL/MariaDB (10.6+ for SKIP LOCKED) differs most: it has no UPDATE ... RETURNING (emulated
+below in the same transaction, fenced by the same guard), no `FOR UPDATE OF`, and no NOTIFY
+(workers rely on their bounded poll, which is always running anyway). One gap is in the
+schema (tables.py): a utf8mb4 key holds at most 3072 bytes, so `dag_load_errors.fileloc`
+is VARCHAR(768) there, not 1000.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from treadle.store.tables import UTCDateTime
@@ -23,6 +33,11 @@ def now(conn: Connection) -> datetime:
     if conn.dialect.name == "sqlite":
         text = conn.exec_driver_sql("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')").scalar_one()
         return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    if conn.dialect.name == "mysql":
+        # UTC_TIMESTAMP is UTC whatever the session time zone; (6) keeps the microseconds.
+        naive = conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
+        assert isinstance(naive, datetime)
+        return naive.replace(tzinfo=UTC)
     value = conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
     assert isinstance(value, datetime)
     return value.astimezone(UTC)
@@ -32,18 +47,43 @@ def lock_for_claim(stmt: SelectT, conn: Connection, *, of: sa.Table | None = Non
     """Add row locking (of `of`'s rows) that skips rows other claimers hold.
 
     SQLite has no row locks: its single writer lock (BEGIN IMMEDIATE) serialises claims.
+    MariaDB has no `FOR UPDATE OF`: it locks every table the statement reads by join, so claim
+    queries read other tables through `claim_lookup` (a subquery, which is not locked).
     """
     if conn.dialect.name == "sqlite":
         return stmt
+    if conn.dialect.name == "mysql":
+        return stmt.with_for_update(skip_locked=True)
     return stmt.with_for_update(skip_locked=True, of=of)
+
+
+def claim_lookup(
+    conn: Connection, base: sa.Table, column: sa.Column[Any], *, on: sa.ColumnElement[bool]
+) -> tuple[sa.FromClause, sa.ColumnElement[Any]]:
+    """The FROM clause and column to read `column` of another table beside claimable `base` rows.
+
+    An outer join where the lock can name `base` alone. On MySQL/MariaDB a joined row would be
+    locked too, and one that another claimer holds would be skipped by SKIP LOCKED, which
+    null-extends the outer join (a DAG limit would read as "none"); a correlated scalar
+    subquery reads the row without locking it.
+    """
+    if conn.dialect.name == "mysql":
+        lookup = sa.select(column).where(on).scalar_subquery().label(column.name)
+        return base, lookup
+    return base.outerjoin(column.table, on), column
 
 
 def plus_seconds(conn: Connection, base: Any, seconds: Any) -> Any:
     """SQL for `base + seconds` (a timestamp expression plus a number column); NULL stays NULL."""
+    expr: sa.ColumnElement[Any]
     if conn.dialect.name == "sqlite":
         # printf() would turn NULL into 0 seconds: keep "no deadline" NULL explicitly.
         modifier = sa.func.printf("%+f seconds", seconds)
         expr = sa.case((seconds.is_(None), None), else_=sa.func.strftime("%Y-%m-%d %H:%M:%f", base, modifier))
+    elif conn.dialect.name == "mysql":
+        # TIMESTAMPADD counts whole units: in microseconds a fractional timeout keeps its fraction.
+        micros = sa.cast(sa.func.round(seconds * 1_000_000), sa.BigInteger)
+        expr = sa.func.timestampadd(sa.literal_column("MICROSECOND"), micros, base)
     else:
         expr = base + sa.literal_column("interval '1 second'") * seconds
     return sa.type_coerce(expr, UTCDateTime())
@@ -55,7 +95,67 @@ def notify_cancel(conn: Connection) -> None:
         conn.exec_driver_sql(f"NOTIFY {CANCEL_CHANNEL}")
 
 
+def update_returning(
+    conn: Connection, stmt: sa.Update, columns: Sequence[sa.ColumnElement[Any]], *, key: sa.Column[Any]
+) -> list[sa.Row[Any]]:
+    """Run a guarded UPDATE and return `columns` of the rows it changed (UPDATE ... RETURNING).
+
+    MySQL/MariaDB have no UPDATE ... RETURNING: the rows that match the guard are locked
+    (`SELECT key ... FOR UPDATE`, waiting as the UPDATE would), updated by key with the guard
+    kept, and read back, all in the caller's transaction. Locked rows cannot change in between,
+    so the rows read back are exactly the rows the UPDATE moved. Other dialects: one statement.
+    """
+    if conn.dialect.update_returning:
+        return list(conn.execute(stmt.returning(*columns)))
+    locked = sa.select(key).where(stmt.whereclause if stmt.whereclause is not None else sa.true())
+    keys = list(conn.execute(locked.with_for_update()).scalars())
+    if not keys:
+        return []
+    conn.execute(stmt.where(key.in_(keys)))
+    return list(conn.execute(sa.select(*columns).where(key.in_(keys))))
+
+
+def limited_keys(conn: Connection, select: sa.Select[Any]) -> Any:
+    """`select` (one key column, with a LIMIT) as the target list of an UPDATE on the same table.
+
+    A subquery on other dialects. MySQL/MariaDB refuse both LIMIT inside IN (...) and a
+    subquery on the table being updated, so the keys are read first, locked as the UPDATE
+    would lock them, and passed as a list (the UPDATE keeps its own guard).
+    """
+    if conn.dialect.name == "mysql":
+        return list(conn.execute(select.with_for_update()).scalars())
+    return select.scalar_subquery()
+
+
+def upsert(conn: Connection, table: sa.Table, *, key: str, update: Sequence[str]) -> Any:
+    """INSERT that replaces `update` columns of the row with the same `key` (built once per dialect).
+
+    ON CONFLICT ... DO UPDATE on SQLite and PostgreSQL; ON DUPLICATE KEY UPDATE on MySQL, where
+    `key` must be the table's only unique key (it is for the tables this is used on).
+    """
+    cache_key = (conn.dialect.name, table.name, key, tuple(update))
+    found = _UPSERTS.get(cache_key)
+    if found is None:
+        if conn.dialect.name == "mysql":
+            mine = mysql.insert(table)
+            found = mine.on_duplicate_key_update({c: mine.inserted[c] for c in update})
+        else:
+            insert: Any = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+            stmt = insert(table)
+            found = stmt.on_conflict_do_update(
+                index_elements=[table.c[key]], set_={c: stmt.excluded[c] for c in update}
+            )
+        _UPSERTS[cache_key] = found
+    return found
+
+
+_UPSERTS: dict[tuple[str, str, str, tuple[str, ...]], Any] = {}
+
+
 def notify_ready(conn: Connection) -> None:
-    """Wake idle workers after the transaction commits (PostgreSQL only; a hint, never needed)."""
+    """Wake idle workers after the transaction commits (PostgreSQL only; a hint, never needed).
+
+    SQLite and MySQL/MariaDB have no NOTIFY: their workers find new work by polling.
+    """
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(f"NOTIFY {READY_CHANNEL}")

@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeEngine
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -23,13 +24,20 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
     impl = sa.DateTime(timezone=True)
     cache_ok = True
 
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        # MySQL's DATETIME keeps whole seconds unless asked for microseconds; it stores no
+        # zone, so values are naive UTC there as on SQLite (TIMESTAMP would stop at 2038).
+        if dialect.name == "mysql":
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(self.impl)
+
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTC column")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.replace(tzinfo=None) if dialect.name in ("sqlite", "mysql") else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -40,6 +48,11 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
 
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 ID = sa.String(250)
+#: Seconds as a double: MySQL's plain FLOAT is single precision (0.1 would read 0.100000001).
+Seconds = sa.Float().with_variant(mysql.DOUBLE(asdecimal=False), "mysql")
+#: MySQL tables compare text case- and accent-sensitively, as SQLite and PostgreSQL do: with
+#: the server's default *_ci collation, dag ids `ETL` and `etl` would be one key.
+MYSQL_OPTIONS: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 
 dags = sa.Table(
     "dags",
@@ -55,6 +68,7 @@ dags = sa.Table(
     #: Most task instances of this DAG running at once, across its runs (None: no limit).
     sa.Column("max_active_tasks", sa.Integer, nullable=True),
     sa.Column("updated_at", UTCDateTime, nullable=False),
+    **MYSQL_OPTIONS,
 )
 
 dag_versions = sa.Table(
@@ -66,15 +80,18 @@ dag_versions = sa.Table(
     sa.Column("structure", JSONType, nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.UniqueConstraint("dag_id", "version_hash"),
+    **MYSQL_OPTIONS,
 )
 
 dag_load_errors = sa.Table(
     "dag_load_errors",
     metadata,
-    sa.Column("fileloc", sa.String(1000), primary_key=True),
+    # 768 characters on MySQL: a utf8mb4 key may hold 3072 bytes (4 per character).
+    sa.Column("fileloc", sa.String(1000).with_variant(mysql.VARCHAR(768), "mysql"), primary_key=True),
     sa.Column("message", sa.Text, nullable=False),
     sa.Column("traceback", sa.Text, nullable=False),
     sa.Column("recorded_at", UTCDateTime, nullable=False),
+    **MYSQL_OPTIONS,
 )
 
 dag_runs = sa.Table(
@@ -96,6 +113,7 @@ dag_runs = sa.Table(
     sa.Index(None, "state"),
     sa.Index(None, "dag_id", "created_at"),
     sa.Index(None, "ended_at"),
+    **MYSQL_OPTIONS,
 )
 
 task_instances = sa.Table(
@@ -122,7 +140,7 @@ task_instances = sa.Table(
     sa.Column("pool", sa.String(250), nullable=True),
     sa.Column("pool_slots", sa.Integer, nullable=False, server_default="1"),
     #: How long the instance may stay queued before its attempt ends `dispatch_timeout`.
-    sa.Column("queue_timeout_s", sa.Float, nullable=True),
+    sa.Column("queue_timeout_s", Seconds, nullable=True),
     sa.Column("dispatch_deadline", UTCDateTime, nullable=True),
     sa.Column("upstream_total", sa.Integer, nullable=False, server_default="0"),
     sa.Column("upstream_done", sa.Integer, nullable=False, server_default="0"),
@@ -133,7 +151,7 @@ task_instances = sa.Table(
     sa.Column("worker_id", sa.String(250), nullable=True),
     sa.Column("hostname", sa.String(250), nullable=True),
     sa.Column("lease_expires_at", UTCDateTime, nullable=True),
-    sa.Column("timeout_s", sa.Float, nullable=True),
+    sa.Column("timeout_s", Seconds, nullable=True),
     sa.Column("timeout_at", UTCDateTime, nullable=True),
     sa.Column("dead_letter_reason", sa.String(40), nullable=True),
     sa.UniqueConstraint("run_id", "task_id", "map_index"),
@@ -145,6 +163,7 @@ task_instances = sa.Table(
     sa.Index(None, "dag_id", "state"),
     sa.Index(None, "state", "dispatch_deadline"),
     sa.Index(None, "state", "timeout_at"),
+    **MYSQL_OPTIONS,
 )
 
 task_attempts = sa.Table(
@@ -170,14 +189,15 @@ task_attempts = sa.Table(
     sa.Column("hostname", sa.String(250), nullable=True),
     sa.Column("started_at", UTCDateTime, nullable=True),
     sa.Column("ended_at", UTCDateTime, nullable=False),
-    sa.Column("duration_s", sa.Float, nullable=True),
+    sa.Column("duration_s", Seconds, nullable=True),
     #: Delay chosen before the next attempt when this one was retried.
-    sa.Column("retry_delay_s", sa.Float, nullable=True),
+    sa.Column("retry_delay_s", Seconds, nullable=True),
     #: Set when a worker that had lost this attempt reported it anyway (discarded, not applied).
     sa.Column("late_result", sa.String(250), nullable=True),
     sa.UniqueConstraint("task_instance_id", "attempt"),
     sa.Index(None, "run_id"),
     sa.Index(None, "ended_at"),
+    **MYSQL_OPTIONS,
 )
 
 task_results = sa.Table(
@@ -190,6 +210,7 @@ task_results = sa.Table(
     sa.Column("size_bytes", sa.Integer, nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Index(None, "run_id", "task_id"),
+    **MYSQL_OPTIONS,
 )
 
 workers = sa.Table(
@@ -207,6 +228,7 @@ workers = sa.Table(
     sa.Column("state", sa.String(20), nullable=False),
     sa.Column("started_at", UTCDateTime, nullable=False),
     sa.Column("last_heartbeat_at", UTCDateTime, nullable=False),
+    **MYSQL_OPTIONS,
 )
 
 pools = sa.Table(
@@ -217,6 +239,7 @@ pools = sa.Table(
     sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("updated_at", UTCDateTime, nullable=False),
+    **MYSQL_OPTIONS,
 )
 
 #: Append-only record of who asked for what (cancellations, requeues, pool changes).
@@ -230,4 +253,5 @@ audit_log = sa.Table(
     sa.Column("target", sa.String(500), nullable=False),
     sa.Column("details", JSONType, nullable=False),
     sa.Index(None, "at"),
+    **MYSQL_OPTIONS,
 )

@@ -99,15 +99,19 @@ def _start(
             next_attempt_at=None,
             dispatch_deadline=None,
         )
-        .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS)
     )
-    return list(conn.execute(stmt))
+    return dialects.update_returning(
+        conn, stmt, (ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS), key=ti.c.id
+    )
 
 
 def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclusions) -> list[Candidate]:
+    source, dag_limit = dialects.claim_lookup(
+        conn, ti, dags.c.max_active_tasks, on=dags.c.dag_id == ti.c.dag_id
+    )
     sel = (
-        sa.select(ti.c.id, ti.c.dag_id, ti.c.pool, ti.c.pool_slots, dags.c.max_active_tasks)
-        .select_from(ti.outerjoin(dags, dags.c.dag_id == ti.c.dag_id))
+        sa.select(ti.c.id, ti.c.dag_id, ti.c.pool, ti.c.pool_slots, dag_limit)
+        .select_from(source)
         .where(ti.c.state == TaskState.QUEUED.value, ti.c.queue.in_(queues))
         .order_by(ti.c.priority_weight.desc(), ti.c.queued_at, ti.c.id)
         .limit(limit)
@@ -301,9 +305,9 @@ def end_running_many(
             next_attempt_at=None,
             dead_letter_reason=None,
         )
-        .returning(ti.c.id, ti.c.attempt, ti.c.ended_at)
     )
-    return {(r.id, r.attempt): r.ended_at for r in conn.execute(stmt)}
+    rows = dialects.update_returning(conn, stmt, (ti.c.id, ti.c.attempt, ti.c.ended_at), key=ti.c.id)
+    return {(r.id, r.attempt): r.ended_at for r in rows}
 
 
 def count_upstream_successes(
@@ -315,6 +319,8 @@ def count_upstream_successes(
     Counter and state move in the same UPDATE (SET expressions read the row's old values), so
     a fan-in row is queued exactly by the completion that fills its counter; concurrent
     completions serialise on the row lock and re-read it. Returns True if any row is queued.
+    MySQL evaluates SET left to right, each seeing the columns already assigned, so the SET
+    order is fixed: columns that read `state` and `upstream_done` come before those two.
     """
     groups: dict[tuple[str, int], list[str]] = {}
     for (run_id, task_id), n in increments.items():
@@ -322,20 +328,23 @@ def count_upstream_successes(
     queued = False
     for (run_id, n), task_ids in sorted(groups.items()):
         ready = sa.and_(ti.c.state == TaskState.PENDING.value, ti.c.upstream_done + n >= ti.c.upstream_total)
-        rows = conn.execute(
+        stmt = (
             sa.update(ti)
             .where(ti.c.run_id == run_id, ti.c.task_id.in_(sorted(task_ids)))
-            .values(
-                upstream_done=ti.c.upstream_done + n,
-                state=sa.case((ready, TaskState.QUEUED.value), else_=ti.c.state),
-                queued_at=sa.case((ready, stamp(now)), else_=ti.c.queued_at),
-                dispatch_deadline=sa.case(
-                    (ready, dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s)),
-                    else_=ti.c.dispatch_deadline,
+            .ordered_values(
+                (ti.c.queued_at, sa.case((ready, stamp(now)), else_=ti.c.queued_at)),
+                (
+                    ti.c.dispatch_deadline,
+                    sa.case(
+                        (ready, dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s)),
+                        else_=ti.c.dispatch_deadline,
+                    ),
                 ),
+                (ti.c.state, sa.case((ready, TaskState.QUEUED.value), else_=ti.c.state)),
+                (ti.c.upstream_done, ti.c.upstream_done + n),
             )
-            .returning(ti.c.state)
         )
+        rows = dialects.update_returning(conn, stmt, (ti.c.state,), key=ti.c.id)
         queued = any(r.state == TaskState.QUEUED.value for r in rows) or queued
     return queued
 
@@ -393,11 +402,10 @@ def promote_due_retries(conn: Connection, *, now: datetime, limit: int = 1000) -
         sa.select(ti.c.id)
         .where(ti.c.state == TaskState.RETRY_WAIT.value, ti.c.next_attempt_at <= now)
         .limit(limit)
-        .scalar_subquery()
     )
     result = conn.execute(
         sa.update(ti)
-        .where(ti.c.id.in_(due), ti.c.state == TaskState.RETRY_WAIT.value)
+        .where(ti.c.id.in_(dialects.limited_keys(conn, due)), ti.c.state == TaskState.RETRY_WAIT.value)
         .values(
             state=TaskState.QUEUED.value,
             queued_at=now,
@@ -433,12 +441,12 @@ def extend_leases(
     if not held:
         return set()
     ids = [i for i, _ in held]
-    rows = conn.execute(
+    stmt = (
         sa.update(ti)
         .where(ti.c.id.in_(ids), ti.c.worker_id == worker_id, ti.c.state == TaskState.RUNNING.value)
         .values(lease_expires_at=now + timedelta(seconds=lease_s))
-        .returning(ti.c.id, ti.c.attempt)
     )
+    rows = dialects.update_returning(conn, stmt, (ti.c.id, ti.c.attempt), key=ti.c.id)
     renewed = {(r.id, r.attempt) for r in rows}
     return renewed & set(held)
 

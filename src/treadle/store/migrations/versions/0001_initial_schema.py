@@ -7,9 +7,11 @@ Create Date: 2026-11-30 01:06:36.492098
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 
 import treadle.store.tables
 
@@ -18,15 +20,23 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
+#: utf8mb4 with binary (case-sensitive) comparison on MySQL; ignored by other dialects.
+_MYSQL_TABLE: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+#: A double on MySQL, whose plain FLOAT is single precision.
+_SECONDS = sa.Float().with_variant(mysql.DOUBLE(asdecimal=False), "mysql")
+
 
 def upgrade() -> None:
     op.create_table(
         "dag_load_errors",
-        sa.Column("fileloc", sa.String(length=1000), nullable=False),
+        sa.Column(
+            "fileloc", sa.String(length=1000).with_variant(mysql.VARCHAR(768), "mysql"), nullable=False
+        ),
         sa.Column("message", sa.Text(), nullable=False),
         sa.Column("traceback", sa.Text(), nullable=False),
         sa.Column("recorded_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("fileloc", name=op.f("pk_dag_load_errors")),
+        **_MYSQL_TABLE,
     )
     op.create_table(
         "dag_runs",
@@ -52,6 +62,7 @@ def upgrade() -> None:
             "run_type",
             name=op.f("uq_dag_runs_dag_id_logical_date_run_type"),
         ),
+        **_MYSQL_TABLE,
     )
     with op.batch_alter_table("dag_runs", schema=None) as batch_op:
         batch_op.create_index(
@@ -72,6 +83,7 @@ def upgrade() -> None:
         sa.Column("created_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_dag_versions")),
         sa.UniqueConstraint("dag_id", "version_hash", name=op.f("uq_dag_versions_dag_id_version_hash")),
+        **_MYSQL_TABLE,
     )
     op.create_table(
         "dags",
@@ -89,6 +101,7 @@ def upgrade() -> None:
         sa.Column("latest_version_id", sa.Integer(), nullable=True),
         sa.Column("updated_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("dag_id", name=op.f("pk_dags")),
+        **_MYSQL_TABLE,
     )
     op.create_table(
         "task_attempts",
@@ -112,13 +125,14 @@ def upgrade() -> None:
         sa.Column("hostname", sa.String(length=250), nullable=True),
         sa.Column("started_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=True),
         sa.Column("ended_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("duration_s", sa.Float(), nullable=True),
-        sa.Column("retry_delay_s", sa.Float(), nullable=True),
+        sa.Column("duration_s", _SECONDS, nullable=True),
+        sa.Column("retry_delay_s", _SECONDS, nullable=True),
         sa.Column("late_result", sa.String(length=250), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_task_attempts")),
         sa.UniqueConstraint(
             "task_instance_id", "attempt", name=op.f("uq_task_attempts_task_instance_id_attempt")
         ),
+        **_MYSQL_TABLE,
     )
     with op.batch_alter_table("task_attempts", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_task_attempts_ended_at"), ["ended_at"], unique=False)
@@ -151,7 +165,7 @@ def upgrade() -> None:
         sa.Column("worker_id", sa.String(length=250), nullable=True),
         sa.Column("hostname", sa.String(length=250), nullable=True),
         sa.Column("lease_expires_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("timeout_s", sa.Float(), nullable=True),
+        sa.Column("timeout_s", _SECONDS, nullable=True),
         sa.Column("timeout_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=True),
         sa.Column("dead_letter_reason", sa.String(length=40), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_task_instances")),
@@ -161,6 +175,7 @@ def upgrade() -> None:
             "map_index",
             name=op.f("uq_task_instances_run_id_task_id_map_index"),
         ),
+        **_MYSQL_TABLE,
     )
     with op.batch_alter_table("task_instances", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_task_instances_run_id_state"), ["run_id", "state"], unique=False)
@@ -193,6 +208,7 @@ def upgrade() -> None:
         sa.Column("size_bytes", sa.Integer(), nullable=False),
         sa.Column("created_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("task_instance_id", name=op.f("pk_task_results")),
+        **_MYSQL_TABLE,
     )
     with op.batch_alter_table("task_results", schema=None) as batch_op:
         batch_op.create_index(
@@ -214,6 +230,7 @@ def upgrade() -> None:
         sa.Column("started_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.Column("last_heartbeat_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("worker_id", name=op.f("pk_workers")),
+        **_MYSQL_TABLE,
     )
 
 

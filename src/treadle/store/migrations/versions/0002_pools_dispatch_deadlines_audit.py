@@ -7,9 +7,11 @@ Create Date: 2026-11-30 01:39:14.211730
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 
 import treadle.store.tables
 
@@ -17,6 +19,11 @@ revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
+
+#: utf8mb4 with binary (case-sensitive) comparison on MySQL; ignored by other dialects.
+_MYSQL_TABLE: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+#: A double on MySQL, whose plain FLOAT is single precision.
+_SECONDS = sa.Float().with_variant(mysql.DOUBLE(asdecimal=False), "mysql")
 
 
 def upgrade() -> None:
@@ -35,6 +42,7 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_audit_log")),
+        **_MYSQL_TABLE,
     )
     with op.batch_alter_table("audit_log", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_audit_log_at"), ["at"], unique=False)
@@ -47,6 +55,7 @@ def upgrade() -> None:
         sa.Column("created_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.Column("updated_at", treadle.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_pools")),
+        **_MYSQL_TABLE,
     )
     with op.batch_alter_table("dag_runs", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_dag_runs_ended_at"), ["ended_at"], unique=False)
@@ -57,7 +66,7 @@ def upgrade() -> None:
     with op.batch_alter_table("task_instances", schema=None) as batch_op:
         batch_op.add_column(sa.Column("pool", sa.String(length=250), nullable=True))
         batch_op.add_column(sa.Column("pool_slots", sa.Integer(), server_default="1", nullable=False))
-        batch_op.add_column(sa.Column("queue_timeout_s", sa.Float(), nullable=True))
+        batch_op.add_column(sa.Column("queue_timeout_s", _SECONDS, nullable=True))
         batch_op.add_column(
             sa.Column("dispatch_deadline", treadle.store.tables.UTCDateTime(timezone=True), nullable=True)
         )
@@ -86,8 +95,11 @@ _DEFAULT_QUEUE_TIMEOUT_S = 600
 
 def _plus_seconds(column: str, seconds: str) -> str:
     """SQL for `column + seconds` on this dialect (seconds: a column or a literal)."""
-    if op.get_bind().dialect.name == "sqlite":
+    dialect = op.get_bind().dialect.name
+    if dialect == "sqlite":
         return f"strftime('%Y-%m-%d %H:%M:%f', {column}, '+' || ({seconds}) || ' seconds')"
+    if dialect == "mysql":
+        return f"TIMESTAMPADD(MICROSECOND, CAST(ROUND(({seconds}) * 1000000) AS SIGNED), {column})"
     return f"{column} + make_interval(secs => {seconds})"
 
 

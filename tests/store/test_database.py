@@ -1,0 +1,40 @@
+"""Connection details: URL forms, which errors are retried, session settings per dialect."""
+
+from __future__ import annotations
+
+import pymysql
+import pytest
+import sqlalchemy as sa
+
+from treadle.store.database import Database, is_transient, normalise_url
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("mysql://u:p@h:3306/db", "mysql+pymysql://u:p@h:3306/db"),
+        ("mariadb://u@h/db", "mysql+pymysql://u@h/db"),
+        ("mysql+pymysql://u@h/db", "mysql+pymysql://u@h/db"),
+        ("sqlite:///x.db", "sqlite:///x.db"),
+    ],
+)
+def test_urls_are_normalised_to_the_bundled_drivers(url: str, expected: str) -> None:
+    assert normalise_url(url) == expected
+
+
+@pytest.mark.parametrize(("code", "transient"), [(1213, True), (1205, True), (2013, True), (1062, False)])
+def test_mysql_deadlocks_and_lost_connections_are_transient(code: int, transient: bool) -> None:
+    error = sa.exc.OperationalError("UPDATE ...", {}, pymysql.err.OperationalError(code, "message"))
+    assert is_transient(error) is transient
+
+
+@pytest.mark.mysql
+def test_mysql_sessions_are_utc_strict_and_read_committed(mysql_url: str) -> None:
+    db = Database(mysql_url)
+    with db.read() as conn:
+        zone, mode = conn.exec_driver_sql("SELECT @@time_zone, @@sql_mode").one()
+        isolation = conn.get_isolation_level()
+    db.dispose()
+    assert (zone, isolation) == ("+00:00", "READ COMMITTED")
+    assert "STRICT_TRANS_TABLES" in mode.split(",")
