@@ -110,8 +110,10 @@ dag_runs = sa.Table(
     sa.Column("ended_at", UTCDateTime, nullable=True),
     # A time-based trigger can never create two runs of one DAG for one logical date.
     sa.UniqueConstraint("dag_id", "logical_date", "run_type"),
-    sa.Index(None, "state"),
+    # Listings stay indexed with years of history: newest runs overall, per DAG, per state.
+    sa.Index(None, "state", "created_at"),
     sa.Index(None, "dag_id", "created_at"),
+    sa.Index(None, "created_at"),
     sa.Index(None, "ended_at"),
     **MYSQL_OPTIONS,
 )

@@ -294,6 +294,9 @@ def end_running_many(
     stmt = (
         sa.update(ti)
         .where(
+            # `id IN` first lets every planner (SQLite's included) look rows up by primary key
+            # rather than scanning all running rows; the (id, attempt) pair is the fence.
+            ti.c.id.in_(sorted({i for i, _ in held})),
             sa.tuple_(ti.c.id, ti.c.attempt).in_(held),
             ti.c.state == TaskState.RUNNING.value,
             ti.c.worker_id == worker_id,

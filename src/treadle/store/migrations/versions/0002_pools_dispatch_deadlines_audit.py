@@ -59,6 +59,11 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("dag_runs", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_dag_runs_ended_at"), ["ended_at"], unique=False)
+        batch_op.create_index(batch_op.f("ix_dag_runs_created_at"), ["created_at"], unique=False)
+        batch_op.create_index(
+            batch_op.f("ix_dag_runs_state_created_at"), ["state", "created_at"], unique=False
+        )
+        batch_op.drop_index(batch_op.f("ix_dag_runs_state"))
 
     with op.batch_alter_table("dags", schema=None) as batch_op:
         batch_op.add_column(sa.Column("max_active_tasks", sa.Integer(), nullable=True))
@@ -138,6 +143,9 @@ def downgrade() -> None:
         batch_op.drop_column("max_active_tasks")
 
     with op.batch_alter_table("dag_runs", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_dag_runs_state"), ["state"], unique=False)
+        batch_op.drop_index(batch_op.f("ix_dag_runs_state_created_at"))
+        batch_op.drop_index(batch_op.f("ix_dag_runs_created_at"))
         batch_op.drop_index(batch_op.f("ix_dag_runs_ended_at"))
 
     op.drop_table("pools")
