@@ -43,7 +43,7 @@ class PrunedRows:
 
 def _old_run_condition(cutoff: datetime) -> sa.ColumnElement[bool]:
     # Meant for ix_dag_runs_ended_at: a short range scan in ended_at order, since active runs
-    # have no ended_at. `state || ''` keeps SQLite (no statistics) from picking ix_dag_runs_state
+    # have no ended_at. `state || ''` keeps SQLite (no statistics) from picking a state index
     # instead, which matches nearly every run of a long history and then sorts them all.
     return sa.and_(
         dag_runs.c.ended_at < cutoff,
