@@ -132,3 +132,17 @@ def test_hand_back_requeues_without_spending_a_retry(runner: DagRunner) -> None:
         ("bounded", 1, "WorkerShutdown"),
         ("plain", 1, "WorkerShutdown"),
     }
+
+
+def test_a_deadline_that_passed_while_the_worker_was_gone_is_a_timeout(runner: DagRunner) -> None:
+    from treadle.engine.reaper import reap_expired_leases
+
+    run_id = runner.trigger()
+    claim_task_instances(runner.db, worker_id="gone", hostname="h", queues=["default"], limit=10, lease_s=0.5)
+
+    wait_for(lambda: reap_expired_leases(runner.db) == 2, timeout=10, message="both leases to expire")
+
+    outcomes = {a.task_id: (a.outcome, a.error_type) for a in queries.run_detail(runner.db, run_id).attempts}
+    assert outcomes["bounded"] == ("timed_out", "TaskTimeout")  # 0.2 s deadline < 0.5 s lease
+    assert outcomes["plain"] == ("lost", "LeaseExpired")
+    assert _state(runner, run_id, "plain") == "retry_wait"  # a loss never spends the budget
