@@ -94,19 +94,24 @@ class Processes:
 
     def stop_all(self) -> None:
         """SIGTERM every process group, then SIGKILL whatever is left."""
-        for proc in self.procs:
-            _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(proc, signal.SIGKILL)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        stop_groups(self.procs, grace_s=10)
+
+
+def stop_groups(procs: list[subprocess.Popen[bytes]], *, grace_s: float) -> None:
+    """SIGTERM each process group, wait up to `grace_s` in all, then SIGKILL what is left."""
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(proc, signal.SIGKILL)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

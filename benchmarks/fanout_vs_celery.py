@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from _common import (
     machine,
     pg_database,
     print_log_tails,
+    stop_groups,
     treadle_env,
     wait_for,
 )
@@ -228,30 +228,11 @@ class CeleryWorkers:
 
     def stop(self) -> None:
         """Warm shutdown (SIGTERM), then SIGKILL what is left, whole process groups."""
-        for proc in self.procs:
-            _killpg(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                pass
-            _killpg(proc, signal.SIGKILL)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        stop_groups(self.procs, grace_s=15)
 
     def tails(self) -> None:
         """Copy the end of each Celery log to stderr."""
         print_log_tails(self.logs + [self.root / f"celery{i}.out" for i in range(2)])
-
-
-def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def bench_celery(args: argparse.Namespace) -> dict[str, Any]:

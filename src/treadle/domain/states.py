@@ -71,15 +71,3 @@ class DeadLetterReason(StrEnum):
     RETRIES_EXHAUSTED = "retries_exhausted"
     POISON = "poison"
     NON_RETRYABLE = "non_retryable"
-
-
-def run_state_for(task_states: list[TaskState]) -> RunState | None:
-    """Return the terminal state a run takes once all its task instances are terminal.
-
-    Returns None while any task instance is still active.
-    """
-    if any(s in ACTIVE_TASK_STATES for s in task_states):
-        return None
-    if all(s in (TaskState.SUCCESS, TaskState.SKIPPED) for s in task_states):
-        return RunState.SUCCESS
-    return RunState.FAILED

@@ -59,7 +59,7 @@ def queued_blocker(
     if not serving:
         return f"no live worker serves queue {queue!r}", ()
     if pool is not None:
-        sizes = {p.name: p for p in pool_store.list_pools(conn) if p.name == pool}
+        sizes = {p.name: p for p in pool_store.list_pools(conn, [pool])}
         if pool not in sizes:
             return f"pool {pool!r} does not exist (create it with `treadle pools set {pool} SLOTS`)", ()
         info = sizes[pool]
@@ -91,14 +91,15 @@ def why(db: Database, run_id: str, task_id: str | None = None, *, worker_stale_s
         run = run_store.get_run(conn, run_id)
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
-        instances = ti_store.list_for_run(conn, run_id)
+        every = ti_store.list_for_run(conn, run_id)
+        states = {t.task_id: t.state for t in every}
+        instances = every
         if task_id is not None:
             instances = [t for t in instances if t.task_id == task_id]
             if not instances:
                 raise InvalidRequest(f"run {run_id!r} has no task {task_id!r}")
         now = db_now(conn)
         upstream = version_of(db, conn, run.dag_version_id).structure.upstream_map()
-        states = {t.task_id: t.state for t in ti_store.list_for_run(conn, run_id)}
         return [
             _explain(conn, t, upstream[t.task_id], states, now=now, stale_s=worker_stale_s) for t in instances
         ]

@@ -40,7 +40,6 @@ class Scheduler:
         #: Monotonic time of the next retention batch; 0 makes the first pass prune.
         self.next_prune_at = 0.0
         self.stopping = threading.Event()
-        self.ticks = 0
 
     def tick(self) -> dict[str, int]:
         """Run one pass; returns what it changed."""
@@ -52,7 +51,6 @@ class Scheduler:
             "runs_finished": finish_idle_runs(self.db),
         }
         self.prune_step()
-        self.ticks += 1
         return changes
 
     def prune_step(self) -> PruneReport | None:

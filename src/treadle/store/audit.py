@@ -26,11 +26,3 @@ def record(
             at=at, actor=actor[:250], action=action, target=target[:500], details=details or {}
         )
     )
-
-
-def entries(conn: Connection, *, target_prefix: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """The newest entries, optionally for targets starting with `target_prefix`."""
-    stmt = sa.select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
-    if target_prefix:
-        stmt = stmt.where(audit_log.c.target.startswith(target_prefix))
-    return [dict(r._mapping) for r in conn.execute(stmt)]

@@ -58,9 +58,12 @@ def pool_demand(conn: Connection, name: str) -> tuple[int, int]:
     return counts.get(TaskState.RUNNING.value, 0), counts.get(TaskState.QUEUED.value, 0)
 
 
-def list_pools(conn: Connection) -> list[PoolInfo]:
-    """Every pool with its current use."""
-    rows = list(conn.execute(sa.select(pools).order_by(pools.c.name)))
+def list_pools(conn: Connection, names: list[str] | None = None) -> list[PoolInfo]:
+    """Every pool (or the named ones) with its current use."""
+    stmt = sa.select(pools).order_by(pools.c.name)
+    if names is not None:
+        stmt = stmt.where(pools.c.name.in_(names))
+    rows = list(conn.execute(stmt))
     used = pool_usage(conn, [r.name for r in rows])
     result = []
     for r in rows:
