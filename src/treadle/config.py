@@ -33,6 +33,12 @@ class Settings:
     retention_days: float = 0.0
     #: On SIGTERM, how long running attempts may finish before they are handed back.
     shutdown_grace_s: float = 30.0
+    #: Lease of the scheduler leader (database clock); a standby takes over within about this.
+    scheduler_lease_s: float = 3.0
+    #: A scheduler whose host clock is further than this from the database's refuses to lead.
+    max_clock_skew_s: float = 2.0
+    #: Longest range of logical dates one backfill may cover.
+    backfill_max_span_days: float = 366.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -53,6 +59,9 @@ class Settings:
             queue_timeout_s=_number(env, "TREADLE_QUEUE_TIMEOUT_SECONDS", 600.0),
             retention_days=_number(env, "TREADLE_RETENTION_DAYS", 0.0, allow_zero=True),
             shutdown_grace_s=_number(env, "TREADLE_SHUTDOWN_GRACE_SECONDS", 30.0, allow_zero=True),
+            scheduler_lease_s=_number(env, "TREADLE_SCHEDULER_LEASE_SECONDS", 3.0),
+            max_clock_skew_s=_number(env, "TREADLE_MAX_CLOCK_SKEW_SECONDS", 2.0),
+            backfill_max_span_days=_number(env, "TREADLE_BACKFILL_MAX_SPAN_DAYS", 366.0),
         )
         settings.validate()
         return settings

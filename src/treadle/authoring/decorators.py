@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, overload
 
+from treadle.authoring.datasets import Dataset, dataset_names
+from treadle.authoring.params import build_params_schema
 from treadle.authoring.settings import TASK_SETTINGS, check_setting_names, resolve_settings
 from treadle.authoring.specs import (
     Dag,
@@ -18,6 +21,7 @@ from treadle.authoring.specs import (
     literal_arg,
 )
 from treadle.domain.dag_version import ArgRef
+from treadle.domain.timetable import ScheduleSpec, parse_schedule
 from treadle.errors import DagDefinitionError
 
 
@@ -104,7 +108,7 @@ def task(
 
     Settings: retries, retry_delay (seconds or timedelta), backoff_factor, max_retry_delay,
     jitter (0..1), timeout, queue, priority_weight, pool, pool_slots, queue_timeout,
-    on_retry, on_dead_letter.
+    on_retry, on_dead_letter, outlets (datasets each success records an event on).
     `depends_on` names upstream task ids for dependencies that carry no data.
     """
     check_setting_names(settings, f"@task {task_id or (fn.__name__ if fn else '')}".strip())
@@ -123,21 +127,62 @@ def dag(
     owner: str = "treadle",
     description: str | None = None,
     tags: Sequence[str] = (),
-    schedule: str | None = None,
+    schedule: str | timedelta | float | Sequence[Dataset | str] | None = None,
+    timezone: str = "UTC",
+    start_date: datetime | str | None = None,
+    end_date: datetime | str | None = None,
+    catchup: bool = False,
+    max_active_runs: int = 16,
+    dst_gap: str = "shift",
+    dst_overlap: str = "first",
+    params: Mapping[str, Any] | None = None,
+    allow_extra_params: bool = False,
     default_args: dict[str, Any] | None = None,
     max_active_tasks: int | None = None,
 ) -> Any:
     """Declare a DAG: the decorated function places tasks; the decorator returns the `Dag`.
 
-    `schedule=None` means the DAG runs when triggered. `max_active_tasks` caps how many of
-    its task instances run at once, across all its runs.
+    `schedule`: None (runs only when triggered), a cron expression read in `timezone`
+    ("0 2 * * *"), a preset ("@hourly", "@daily", "@weekly", "@monthly", "@yearly"), a fixed
+    interval (timedelta or seconds), or a list of `Dataset`s (runs once each has a new event).
+    A scheduled run covers the data interval between two fire times and fires at its end; its
+    logical date is the interval's start. `start_date`/`end_date` bound the logical dates;
+    `catchup=True` creates the runs of intervals missed while paused or down (oldest first),
+    otherwise only the latest. `max_active_runs` caps scheduled runs active at once.
+    `dst_gap` ("shift"|"skip") and `dst_overlap` ("first"|"both") override the daylight-saving
+    policy for fixed-hour cron entries.
+    `params`: name -> `Param` (or a plain default) validated as JSON Schema at every trigger;
+    unknown conf keys are rejected unless `allow_extra_params`. `max_active_tasks` caps how
+    many of its task instances run at once, across all its runs.
     """
 
     def build(f: Callable[..., Any]) -> Dag:
         the_id = check_identifier("dag id", dag_id or f.__name__)
-        if schedule is not None:
+        where = f"dag {the_id!r}"
+        spec: ScheduleSpec | None
+        try:
+            plain: str | timedelta | float | Sequence[str] | None = (
+                dataset_names(schedule, f"{where}: schedule")
+                if isinstance(schedule, list | tuple)
+                else schedule  # type: ignore[assignment]  # a str, number, timedelta or None
+            )
+            spec = parse_schedule(
+                plain,
+                timezone=timezone,
+                start_date=start_date,
+                end_date=end_date,
+                catchup=catchup,
+                max_active_runs=max_active_runs,
+                dst_gap=dst_gap,
+                dst_overlap=dst_overlap,
+            )
+        except ValueError as exc:
+            raise DagDefinitionError(f"{where}: {exc}") from exc
+        params_schema = build_params_schema(params, allow_extra=allow_extra_params, where=where)
+        if spec is not None and params_schema and params_schema.get("required"):
             raise DagDefinitionError(
-                f"dag {the_id!r}: schedule must be None (manual triggers only) in this version"
+                f"{where}: scheduled runs take the params' defaults, but "
+                f"{', '.join(params_schema['required'])} ha(s) none"
             )
         defaults = dict(default_args or {})
         unknown = sorted(set(defaults) - set(TASK_SETTINGS))
@@ -158,7 +203,8 @@ def dag(
             owner=owner,
             description=description if description is not None else (inspect.getdoc(f) or ""),
             tags=tuple(tags),
-            schedule=schedule,
+            schedule=spec,
+            params_schema=params_schema,
             default_args=defaults,
             fileloc=inspect.getsourcefile(f) or "",
             max_active_tasks=max_active_tasks,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from treadle.authoring.datasets import dataset_names
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.retry import RetryPolicy
 from treadle.errors import DagDefinitionError
@@ -25,6 +26,7 @@ TASK_SETTINGS = (
     "queue_timeout",
     "on_retry",
     "on_dead_letter",
+    "outlets",
 )
 
 Callback = Callable[..., Any]
@@ -43,6 +45,8 @@ class TaskSettings:
     queue_timeout_s: float | None
     on_retry: Callback | None
     on_dead_letter: Callback | None
+    #: Names of the datasets the task produces: each success records an event on each.
+    outlets: tuple[str, ...] = ()
 
 
 def _seconds(name: str, value: object, *, allow_zero: bool) -> float:
@@ -123,4 +127,13 @@ def resolve_settings(defaults: Mapping[str, Any], overrides: Mapping[str, Any], 
         priority_weight=priority,
         on_retry=_check_callback(f"{where}: on_retry", merged.get("on_retry")),
         on_dead_letter=_check_callback(f"{where}: on_dead_letter", merged.get("on_dead_letter")),
+        outlets=_outlets(merged.get("outlets"), where),
     )
+
+
+def _outlets(value: object, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise DagDefinitionError(f"{where}: outlets must be a list of Dataset, got {value!r}")
+    return dataset_names(value, f"{where}: outlets")

@@ -13,6 +13,7 @@ from treadle.authoring.settings import TaskSettings
 from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
 from treadle.domain.graph import find_cycle
 from treadle.domain.identifiers import is_identifier
+from treadle.domain.timetable import ScheduleSpec
 from treadle.errors import DagDefinitionError
 
 _building: ContextVar[Dag | None] = ContextVar("treadle_building_dag", default=None)
@@ -50,6 +51,7 @@ class TaskNode:
             queue_timeout_s=s.queue_timeout_s,
             has_on_retry=s.on_retry is not None,
             has_on_dead_letter=s.on_dead_letter is not None,
+            outlets=s.outlets,
             doc=self.doc,
         )
 
@@ -88,7 +90,9 @@ class Dag:
     owner: str = "treadle"
     description: str = ""
     tags: tuple[str, ...] = ()
-    schedule: str | None = None
+    schedule: ScheduleSpec | None = None
+    #: JSON Schema of the run params (None: the DAG takes any conf as its params).
+    params_schema: dict[str, Any] | None = None
     default_args: dict[str, Any] = field(default_factory=dict)
     fileloc: str = ""
     max_active_tasks: int | None = None
@@ -141,6 +145,7 @@ class Dag:
             description=self.description,
             tags=self.tags,
             schedule=self.schedule,
+            params_schema=self.params_schema,
             fileloc=self.fileloc,
             max_active_tasks=self.max_active_tasks,
             tasks={k: t.to_def() for k, t in self.tasks.items()},

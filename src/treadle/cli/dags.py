@@ -1,15 +1,19 @@
-"""`treadle dags`: list, sync, errors, trigger."""
+"""`treadle dags`: list, sync, errors, trigger, pause, unpause, next."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 import click
 
 from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.engine import queries
+from treadle.engine.pausing import set_paused
 from treadle.engine.runs import trigger_run
+from treadle.engine.schedules import schedule_view, upcoming
 from treadle.errors import InvalidRequest
 
 
@@ -110,3 +114,104 @@ def trigger_cmd(ctx: Context, dag_id: str, conf: str, as_json: bool) -> None:
         emit_json(run)
         return
     click.echo(f"triggered {run.run_id}")
+
+
+@dags_group.command("pause")
+@click.argument("dag_id")
+@pass_context
+def pause_cmd(ctx: Context, dag_id: str) -> None:
+    """Pause DAG_ID: no scheduled, dataset or backfill runs start; running ones go on."""
+    changed = set_paused(ctx.db, dag_id, paused=True, actor=identity())
+    click.echo(f"paused {dag_id}" if changed else f"{dag_id} was already paused")
+
+
+@dags_group.command("unpause")
+@click.argument("dag_id")
+@pass_context
+def unpause_cmd(ctx: Context, dag_id: str) -> None:
+    """Unpause DAG_ID: missed intervals run per its catchup policy (off: only the latest)."""
+    changed = set_paused(ctx.db, dag_id, paused=False, actor=identity())
+    click.echo(f"unpaused {dag_id}" if changed else f"{dag_id} was not paused")
+
+
+@dags_group.command("next")
+@click.argument("dag_id")
+@click.option("-n", "count", default=5, show_default=True, type=click.IntRange(1, 1000), help="How many.")
+@click.option(
+    "--after",
+    default=None,
+    help="ISO time to start from (default: now); without an offset it is read in the DAG's time zone.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def next_cmd(ctx: Context, dag_id: str, count: int, after: str | None, as_json: bool) -> None:
+    """Print the next fire times of DAG_ID (UTC and local) with the data interval each run covers.
+
+    A scheduled run covers [data interval start, end) and fires at its end; its logical date is
+    the interval's start.
+    """
+    view = schedule_view(ctx.db, dag_id)
+    spec = view.spec
+    if spec is None or not spec.is_timed:
+        what = (
+            "runs only when triggered"
+            if spec is None
+            else f"runs when every one of its datasets has a new event: {', '.join(spec.datasets)}"
+        )
+        if as_json:
+            emit_json({"dag_id": dag_id, "schedule": spec.to_json() if spec else None, "fires": []})
+        else:
+            click.echo(f"{dag_id} {what}")
+        return
+    zone = ZoneInfo(spec.timezone)
+    start = view.now if after is None else _parse_after(after, zone)
+    slots = upcoming(spec, after=start, count=count)
+    if as_json:
+        emit_json(
+            {
+                "dag_id": dag_id,
+                "schedule": spec.to_json(),
+                "paused": view.is_paused,
+                "after": start.isoformat(),
+                "fires": [
+                    {
+                        "fire_at": s.fire_at.isoformat(),
+                        "fire_at_local": s.fire_at.astimezone(zone).isoformat(),
+                        "logical_date": s.logical_date.isoformat(),
+                        "data_interval_start": s.data_interval_start.isoformat(),
+                        "data_interval_end": s.data_interval_end.isoformat(),
+                    }
+                    for s in slots
+                ],
+            }
+        )
+        return
+    what = f"cron {spec.cron!r}" if spec.kind == "cron" else f"every {spec.interval_s:g} s"
+
+    def local(value: datetime) -> str:
+        return value.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+    table(
+        f"next fire times of {dag_id} ({what}, {spec.timezone}, catchup {'on' if spec.catchup else 'off'}"
+        f"{', PAUSED' if view.is_paused else ''})",
+        ["fire (UTC)", "fire (local)", "logical date (local)", "data interval (local)"],
+        [
+            (
+                s.fire_at.strftime("%Y-%m-%d %H:%M:%S"),
+                local(s.fire_at),
+                local(s.logical_date),
+                f"{local(s.data_interval_start)} -> {local(s.data_interval_end)}",
+            )
+            for s in slots
+        ],
+    )
+
+
+def _parse_after(text: str, zone: ZoneInfo) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidRequest(f"--after {text!r} is not an ISO-8601 time") from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=zone)
+    return value.astimezone(UTC)

@@ -76,7 +76,11 @@ def worker_cmd(
 @click.option("--log-level", default="INFO", show_default=True)
 @pass_context
 def scheduler_cmd(ctx: Context, log_level: str) -> None:
-    """Apply due retries, reap expired leases, close finished runs."""
+    """Fire schedules, apply due retries, reap expired leases, close finished runs.
+
+    Run several for high availability: one leads (a lease on the database clock), the others
+    stand by and take over within TREADLE_SCHEDULER_LEASE_SECONDS of the leader's death.
+    """
     configure_logging(log_level)
     _run_until_signal(ctx, scheduler=_scheduler(ctx, ctx.db))
 
@@ -104,6 +108,9 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         tick_s=ctx.settings.scheduler_tick_s,
         retention_days=ctx.settings.retention_days,
         lease_s=ctx.settings.lease_s,
+        leader_lease_s=ctx.settings.scheduler_lease_s,
+        default_queue_timeout_s=ctx.settings.queue_timeout_s,
+        max_skew_s=ctx.settings.max_clock_skew_s,
     )
 
 

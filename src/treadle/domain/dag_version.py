@@ -9,6 +9,7 @@ from typing import Any
 
 from treadle.domain.graph import downstream_map, transitive_downstream
 from treadle.domain.retry import RetryPolicy
+from treadle.domain.timetable import ScheduleSpec
 
 #: JSON values as stored (Any only at this serialization boundary).
 JSON = Any
@@ -53,6 +54,8 @@ class TaskDef:
     queue_timeout_s: float | None = None
     has_on_retry: bool = False
     has_on_dead_letter: bool = False
+    #: Datasets the task produces (an event on each at every success).
+    outlets: tuple[str, ...] = ()
     doc: str = ""
 
     def to_json(self) -> dict[str, JSON]:
@@ -76,6 +79,7 @@ class TaskDef:
             "queue_timeout_s": self.queue_timeout_s,
             "has_on_retry": self.has_on_retry,
             "has_on_dead_letter": self.has_on_dead_letter,
+            "outlets": list(self.outlets),
             "doc": self.doc,
         }
 
@@ -102,6 +106,7 @@ class TaskDef:
             queue_timeout_s=data.get("queue_timeout_s"),
             has_on_retry=bool(data.get("has_on_retry", False)),
             has_on_dead_letter=bool(data.get("has_on_dead_letter", False)),
+            outlets=tuple(data.get("outlets", ())),
             doc=data.get("doc", ""),
         )
 
@@ -114,7 +119,10 @@ class DagStructure:
     owner: str = "treadle"
     description: str = ""
     tags: tuple[str, ...] = ()
-    schedule: str | None = None
+    #: How runs are created by time or datasets; None: manual triggers only.
+    schedule: ScheduleSpec | None = None
+    #: JSON Schema of the run params; None: any conf is taken as the params.
+    params_schema: dict[str, JSON] | None = None
     fileloc: str = ""
     #: Most task instances of this DAG running at once, across its runs (None: no limit).
     max_active_tasks: int | None = None
@@ -127,7 +135,8 @@ class DagStructure:
             "owner": self.owner,
             "description": self.description,
             "tags": sorted(self.tags),
-            "schedule": self.schedule,
+            "schedule": self.schedule.to_json() if self.schedule else None,
+            "params_schema": self.params_schema,
             "fileloc": self.fileloc,
             "max_active_tasks": self.max_active_tasks,
             "tasks": {k: t.to_json() for k, t in sorted(self.tasks.items())},
@@ -141,7 +150,8 @@ class DagStructure:
             owner=data.get("owner", "treadle"),
             description=data.get("description", ""),
             tags=tuple(data.get("tags", ())),
-            schedule=data.get("schedule"),
+            schedule=ScheduleSpec.from_json(data["schedule"]) if data.get("schedule") else None,
+            params_schema=data.get("params_schema"),
             fileloc=data.get("fileloc", ""),
             max_active_tasks=data.get("max_active_tasks"),
             tasks={k: TaskDef.from_json(v) for k, v in data.get("tasks", {}).items()},

@@ -48,6 +48,15 @@ class RunInfo:
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
+    #: The data the run covers, [start, end); a scheduled run fires at its end.
+    data_interval_start: datetime | None = None
+    data_interval_end: datetime | None = None
+    #: `conf` validated against the DAG's params schema, defaults applied.
+    params: dict[str, Any] | None = None  # Any: user JSON
+    manifest: dict[str, Any] | None = None  # Any: JSON
+    mode: str = "normal"
+    backfill_id: int | None = None
+    leader_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,7 +119,9 @@ class ClaimedTask:
     logical_date: datetime
     started_at: datetime
     timeout_s: float | None
-    conf: dict[str, Any] = field(default_factory=dict)  # Any: user JSON
+    #: The run's params (validated, defaults applied). Any: user JSON.
+    conf: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)  # Any: JSON
     upstream_results: dict[str, Any] = field(default_factory=dict)  # Any: user JSON
 
 

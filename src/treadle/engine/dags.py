@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure, DagVersion
+from treadle.engine.schedules import register_schedule
 from treadle.store import dags as dag_store
 from treadle.store.database import Database, db_now
 
@@ -34,6 +35,8 @@ def sync_dags(
     def work(conn: Connection) -> dict[str, int]:
         now = db_now(conn)
         versions = {s.dag_id: dag_store.upsert_dag_version(conn, s, now=now) for s in structures}
+        for structure in structures:
+            register_schedule(conn, structure, now=now)
         dag_store.replace_load_errors(conn, scanned=scanned_files, errors=errors, now=now, folder=folder)
         return versions
 

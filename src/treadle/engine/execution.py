@@ -95,7 +95,8 @@ def attempt_of(
         logical_date=run.logical_date,
         started_at=started_at,
         timeout_s=getattr(row, "timeout_s", None),
-        conf=run.conf,
+        conf=run.params if run.params is not None else run.conf,
+        manifest=run.manifest or {},
         upstream_results=upstream_results or {},
     )
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import secrets
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagStructure
+from treadle.domain.dag_version import DagStructure, DagVersion
+from treadle.domain.manifest import build_manifest
+from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunState, RunType, TaskState
 from treadle.engine.dags import version_of
@@ -35,7 +38,9 @@ def trigger_run(
 ) -> RunInfo:
     """Create a run of the DAG's latest version with its roots queued, in one transaction.
 
-    Tasks without their own `queue_timeout` get `default_queue_timeout_s` (the deployment's).
+    The conf is validated against the DAG's params schema first (every violation reported with
+    its JSON path, nothing created). Tasks without their own `queue_timeout` get
+    `default_queue_timeout_s` (the deployment's).
     """
     conf = dict(conf or {})
     if len(json.dumps(conf)) > MAX_CONF_BYTES:
@@ -45,24 +50,21 @@ def trigger_run(
         dag = dag_store.get_dag(conn, dag_id)
         if dag is None or dag.latest_version_id is None:
             raise DagNotFound(f"no DAG {dag_id!r} is registered (run `treadle dags sync`?)")
-        structure = version_of(db, conn, dag.latest_version_id).structure
+        version = version_of(db, conn, dag.latest_version_id)
+        params = resolve_params(dag_id, version.structure.params_schema, conf)
         now = db_now(conn)
-        run_id = f"{run_type.value}__{now:%Y%m%dT%H%M%S.%fZ}__{secrets.token_hex(3)}"
-        run = RunInfo(
-            run_id=run_id,
-            dag_id=dag_id,
-            dag_version_id=dag.latest_version_id,
-            run_type=run_type.value,
+        run, rows = new_run(
+            version,
+            run_type=run_type,
             logical_date=now,
-            state=RunState.RUNNING.value,
+            data_interval=(now, now),
             conf=conf,
+            params=params,
             triggered_by=triggered_by,
-            created_at=now,
-            started_at=now,
-            ended_at=None,
+            now=now,
+            default_queue_timeout_s=default_queue_timeout_s,
         )
         run_store.insert_run(conn, run)
-        rows = _task_instance_rows(structure, run, default_queue_timeout_s=default_queue_timeout_s)
         ti_store.insert_task_instances(conn, rows)
         dialects.notify_ready(conn)
         return run
@@ -71,6 +73,62 @@ def trigger_run(
     # share a logical date; retrying reads the clock again. Time-based runs must not retry: for
     # them the unique key is what forbids a double fire.
     return db.transact(work, retry_conflicts=run_type is RunType.MANUAL)
+
+
+def new_run(
+    version: DagVersion,
+    *,
+    run_type: RunType,
+    logical_date: datetime,
+    data_interval: tuple[datetime, datetime],
+    conf: dict[str, Any],
+    params: dict[str, Any],
+    triggered_by: str,
+    now: datetime,
+    default_queue_timeout_s: float,
+    mode: str = "normal",
+    backfill_id: int | None = None,
+    leader_epoch: int | None = None,
+    consumed_events: Sequence[Mapping[str, Any]] = (),
+) -> tuple[RunInfo, list[dict[str, Any]]]:
+    """The row of a new running run (with its manifest) and the rows of its task instances."""
+    structure = version.structure
+    run_id = f"{run_type.value}__{logical_date:%Y%m%dT%H%M%S.%f}Z__{secrets.token_hex(4)}"
+    manifest = build_manifest(
+        run_id=run_id,
+        dag_id=structure.dag_id,
+        version_hash=version.version_hash,
+        logical_date=logical_date,
+        data_interval=data_interval,
+        run_type=run_type.value,
+        mode=mode,
+        params=params,
+        triggered_by=triggered_by,
+        requested_at=now,
+        backfill_id=backfill_id,
+        consumed_events=consumed_events,
+    )
+    run = RunInfo(
+        run_id=run_id,
+        dag_id=structure.dag_id,
+        dag_version_id=version.id,
+        run_type=run_type.value,
+        logical_date=logical_date,
+        state=RunState.RUNNING.value,
+        conf=conf,
+        triggered_by=triggered_by,
+        created_at=now,
+        started_at=now,
+        ended_at=None,
+        data_interval_start=data_interval[0],
+        data_interval_end=data_interval[1],
+        params=params,
+        manifest=manifest,
+        mode=mode,
+        backfill_id=backfill_id,
+        leader_epoch=leader_epoch,
+    )
+    return run, _task_instance_rows(structure, run, default_queue_timeout_s=default_queue_timeout_s)
 
 
 def _task_instance_rows(

@@ -1,14 +1,23 @@
-"""The scheduler loop: each tick applies the deadlines the database holds. No user code here."""
+"""The scheduler loop: lead or stand by; the leader fires schedules and applies deadlines.
+
+No user code here: schedules, params schemas and structures are read from the database.
+Several schedulers may run; one leads (engine/leadership.py), the others poll the lease a
+few times a second and take over when it lapses.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import socket
 import threading
 import time
+import uuid
 from dataclasses import asdict
 from datetime import timedelta
 
+from treadle.engine.leadership import Leadership
 from treadle.engine.reaper import (
     enforce_execution_deadlines,
     expire_dispatch_deadlines,
@@ -17,19 +26,33 @@ from treadle.engine.reaper import (
 )
 from treadle.engine.retention import PruneReport, prune
 from treadle.engine.runs import finish_idle_runs
+from treadle.engine.scheduling import FireReport, NotLeader, fire_due_schedules, next_wakeup
 from treadle.store.database import Database
 
 log = logging.getLogger("treadle.scheduler")
 
 #: Seconds between two retention batches: pruning is housekeeping, not per-tick work.
 RETENTION_INTERVAL_S = 60.0
+#: Schedules fired per transaction; a full batch is followed by another at once.
+FIRE_BATCH = 500
+#: Seconds between two attempts of a standby to take the leader lease.
+STANDBY_POLL_S = 0.5
 
 
 class Scheduler:
-    """Moves due retries to queued, reaps expired leases, closes finished runs."""
+    """Leads (fires due schedules, moves due retries, reaps leases, closes runs) or stands by."""
 
     def __init__(
-        self, db: Database, *, tick_s: float, retention_days: float = 0.0, lease_s: float = 30.0
+        self,
+        db: Database,
+        *,
+        tick_s: float,
+        retention_days: float = 0.0,
+        lease_s: float = 30.0,
+        leader_lease_s: float = 3.0,
+        default_queue_timeout_s: float = 600.0,
+        max_skew_s: float = 2.0,
+        holder: str | None = None,
     ) -> None:
         self.db = db
         self.tick_s = tick_s
@@ -37,12 +60,18 @@ class Scheduler:
         self.lease_s = lease_s
         #: Finished history older than this many days is pruned; 0 keeps everything.
         self.retention_days = retention_days
+        self.default_queue_timeout_s = default_queue_timeout_s
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.leadership = Leadership(db, holder=self.holder, lease_s=leader_lease_s, max_skew_s=max_skew_s)
         #: Monotonic time of the next retention batch; 0 makes the first pass prune.
         self.next_prune_at = 0.0
+        #: Monotonic times of the next lease refresh and the next maintenance tick.
+        self.next_lease_at = 0.0
+        self.next_tick_at = 0.0
         self.stopping = threading.Event()
 
     def tick(self) -> dict[str, int]:
-        """Run one pass; returns what it changed."""
+        """Run one maintenance pass (deadlines, retries, runs); returns what it changed."""
         changes = {
             "retries_queued": promote_due_retries(self.db),
             "leases_reaped": reap_expired_leases(self.db),
@@ -52,6 +81,57 @@ class Scheduler:
         }
         self.prune_step()
         return changes
+
+    def fire(self) -> FireReport:
+        """Create the runs of every due schedule slot (batch after batch); leader only."""
+        epoch = self.leadership.epoch
+        total = FireReport()
+        while epoch is not None and self.leadership.is_leader() and not self.stopping.is_set():
+            report = fire_due_schedules(
+                self.db,
+                holder=self.holder,
+                epoch=epoch,
+                default_queue_timeout_s=self.default_queue_timeout_s,
+                limit=FIRE_BATCH,
+            )
+            total.runs_created += report.runs_created
+            total.slots_skipped += report.slots_skipped
+            total.blocked += report.blocked
+            total.examined += report.examined
+            if report.runs_created:
+                log.info(
+                    "runs created",
+                    extra={"event": "scheduler.fired", "runs": report.runs_created, "epoch": epoch},
+                )
+            if report.examined < FIRE_BATCH or report.runs_created == 0:
+                break
+        return total
+
+    def step(self) -> float:
+        """One turn of the loop; returns how long to sleep before the next."""
+        if time.monotonic() >= self.next_lease_at:
+            leading = self.leadership.refresh()
+            self.next_lease_at = time.monotonic() + (
+                self.leadership.renew_every_s if leading else STANDBY_POLL_S
+            )
+        if not self.leadership.is_leader():
+            return max(0.0, self.next_lease_at - time.monotonic())
+        try:
+            self.fire()
+            if time.monotonic() >= self.next_tick_at:
+                self.next_tick_at = time.monotonic() + self.tick_s
+                changes = self.tick()
+                if any(changes.values()):
+                    log.info("scheduler tick", extra={"event": "scheduler.tick", **changes})
+        except NotLeader as exc:
+            self.leadership.step_down(str(exc))
+            self.next_lease_at = 0.0
+            return 0.0
+        wake = min(self.next_lease_at, self.next_tick_at) - time.monotonic()
+        db_now, next_fire = next_wakeup(self.db)
+        if next_fire is not None:
+            wake = min(wake, (next_fire - db_now).total_seconds())
+        return max(0.0, wake)
 
     def prune_step(self) -> PruneReport | None:
         """Prune one batch of history older than `retention_days` if one is due; None if not."""
@@ -72,21 +152,22 @@ class Scheduler:
         return report
 
     def run(self) -> None:
-        """Tick until stopped; database errors back off and retry, never end the loop (F7)."""
+        """Loop until stopped; database errors back off and retry, never end the loop (F7).
+
+        On stop the leader lease is released, so a standby takes over at once.
+        """
         failures = 0
         while not self.stopping.is_set():
             try:
-                changes = self.tick()
+                delay = self.step()
                 failures = 0
-                if any(changes.values()):
-                    log.info("scheduler tick", extra={"event": "scheduler.tick", **changes})
-                delay = self.tick_s
             except Exception:
                 failures += 1
-                log.exception("scheduler tick failed", extra={"event": "scheduler.tick_error"})
+                log.exception("scheduler step failed", extra={"event": "scheduler.step_error"})
                 delay = min(self.tick_s * 2**failures, 30.0) * (0.5 + random.random())
             self.stopping.wait(delay)
+        self.leadership.resign()
 
     def stop(self) -> None:
-        """Stop after the current tick."""
+        """Stop after the current step (and release the leader lease)."""
         self.stopping.set()

@@ -120,3 +120,14 @@ def get_structure(conn: Connection, version_id: int) -> DagStructure:
         sa.select(dag_versions.c.structure).where(dag_versions.c.id == version_id)
     ).scalar_one()
     return DagStructure.from_json(data)
+
+
+def set_paused(conn: Connection, dag_id: str, *, paused: bool, now: datetime) -> bool | None:
+    """Set a DAG's pause flag; returns whether it changed, or None if there is no such DAG."""
+    current = conn.execute(sa.select(dags.c.is_paused).where(dags.c.dag_id == dag_id)).first()
+    if current is None:
+        return None
+    if bool(current.is_paused) == paused:
+        return False
+    conn.execute(sa.update(dags).where(dags.c.dag_id == dag_id).values(is_paused=paused, updated_at=now))
+    return True

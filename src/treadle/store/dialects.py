@@ -159,3 +159,16 @@ def notify_ready(conn: Connection) -> None:
     """
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(f"NOTIFY {READY_CHANNEL}")
+
+
+def insert_ignore(conn: Connection, table: sa.Table) -> Any:
+    """INSERT that skips rows whose key exists (ON CONFLICT DO NOTHING / INSERT IGNORE)."""
+    if conn.dialect.name == "mysql":
+        return sa.insert(table).prefix_with("IGNORE")
+    insert: Any = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    return insert(table).on_conflict_do_nothing()
+
+
+def lock_row(stmt: SelectT, conn: Connection) -> SelectT:
+    """`SELECT ... FOR UPDATE` where rows can be locked (SQLite's writer lock already serialises)."""
+    return stmt if conn.dialect.name == "sqlite" else stmt.with_for_update()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -15,21 +16,13 @@ from treadle.store.tables import dag_runs, task_instances
 
 def insert_run(conn: Connection, run: RunInfo) -> None:
     """Insert a new run row (the unique key forbids a second run per dag/date/type)."""
-    conn.execute(
-        sa.insert(dag_runs).values(
-            run_id=run.run_id,
-            dag_id=run.dag_id,
-            dag_version_id=run.dag_version_id,
-            run_type=run.run_type,
-            logical_date=run.logical_date,
-            state=run.state,
-            conf=run.conf,
-            triggered_by=run.triggered_by,
-            created_at=run.created_at,
-            started_at=run.started_at,
-            ended_at=run.ended_at,
-        )
-    )
+    insert_runs(conn, [run])
+
+
+def insert_runs(conn: Connection, runs: list[RunInfo]) -> None:
+    """Insert new run rows in one statement."""
+    if runs:
+        conn.execute(sa.insert(dag_runs), [asdict(r) for r in runs])
 
 
 def _info(row: sa.Row[Any]) -> RunInfo:

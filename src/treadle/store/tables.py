@@ -108,8 +108,22 @@ dag_runs = sa.Table(
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("started_at", UTCDateTime, nullable=True),
     sa.Column("ended_at", UTCDateTime, nullable=True),
+    #: The data the run covers: [start, end). A scheduled run fires at its end.
+    sa.Column("data_interval_start", UTCDateTime, nullable=True),
+    sa.Column("data_interval_end", UTCDateTime, nullable=True),
+    #: The conf validated against the DAG's params schema, defaults applied.
+    sa.Column("params", JSONType, nullable=True),
+    #: What the run is (ids, version, interval, params, who asked): given to every task.
+    sa.Column("manifest", JSONType, nullable=True),
+    #: normal, or shadow (a backfill that records no dataset events).
+    sa.Column("mode", sa.String(20), nullable=False, server_default="normal"),
+    sa.Column("backfill_id", sa.Integer, nullable=True),
+    #: Epoch of the scheduler leadership that created the run (time-based runs).
+    sa.Column("leader_epoch", sa.Integer, nullable=True),
     # A time-based trigger can never create two runs of one DAG for one logical date.
     sa.UniqueConstraint("dag_id", "logical_date", "run_type"),
+    sa.Index(None, "dag_id", "state"),
+    sa.Index(None, "backfill_id", "state"),
     # Listings stay indexed with years of history: newest runs overall, per DAG, per state.
     sa.Index(None, "state", "created_at"),
     sa.Index(None, "dag_id", "created_at"),
@@ -255,5 +269,107 @@ audit_log = sa.Table(
     sa.Column("target", sa.String(500), nullable=False),
     sa.Column("details", JSONType, nullable=False),
     sa.Index(None, "at"),
+    **MYSQL_OPTIONS,
+)
+
+
+#: The time-based trigger of each scheduled DAG: its spec and durable watermark (F9, F10).
+schedules = sa.Table(
+    "schedules",
+    metadata,
+    sa.Column("dag_id", ID, primary_key=True),
+    #: cron, interval or dataset.
+    sa.Column("kind", sa.String(20), nullable=False),
+    #: The ScheduleSpec of the DAG's latest version (JSON).
+    sa.Column("spec", JSONType, nullable=False),
+    #: Nominal fire time of the newest slot that got a run (or was skipped by policy).
+    sa.Column("last_fire_at", UTCDateTime, nullable=True),
+    #: Nominal fire time of the next slot; NULL when none is due ever again (end_date passed).
+    sa.Column("next_fire_at", UTCDateTime, nullable=True),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.Index(None, "next_fire_at"),
+    **MYSQL_OPTIONS,
+)
+
+#: Named leases measured on the database clock; `scheduler` elects the leader.
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("name", sa.String(100), primary_key=True),
+    sa.Column("holder", sa.String(250), nullable=True),
+    #: Bumped at every change of holder: the fencing token written with each leader insert.
+    sa.Column("epoch", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("acquired_at", UTCDateTime, nullable=True),
+    sa.Column("renewed_at", UTCDateTime, nullable=True),
+    sa.Column("expires_at", UTCDateTime, nullable=True),
+    **MYSQL_OPTIONS,
+)
+
+#: A request to run a DAG over a range of past intervals, drained by the leader.
+backfills = sa.Table(
+    "backfills",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("dag_id", ID, nullable=False),
+    #: Logical dates from .. to (inclusive) of the intervals to run.
+    sa.Column("from_date", UTCDateTime, nullable=False),
+    sa.Column("to_date", UTCDateTime, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("requested_by", sa.String(250), nullable=False),
+    #: normal or shadow.
+    sa.Column("mode", sa.String(20), nullable=False),
+    #: none (skip intervals that have a run), failed (clear failed runs) or all (clear every run).
+    sa.Column("rerun", sa.String(20), nullable=False),
+    #: Most runs of this backfill active at once (its own budget, apart from max_active_runs).
+    sa.Column("max_active", sa.Integer, nullable=False),
+    #: running, paused, cancelled, done.
+    sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("total", sa.Integer, nullable=False),
+    #: Intervals handled so far (a run created, an existing run cleared, or skipped).
+    sa.Column("handled", sa.Integer, nullable=False, server_default="0"),
+    #: Fire time of the next interval to handle; NULL once every interval is handled.
+    sa.Column("cursor", UTCDateTime, nullable=True),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.Column("ended_at", UTCDateTime, nullable=True),
+    sa.Index(None, "state"),
+    sa.Index(None, "dag_id", "created_at"),
+    **MYSQL_OPTIONS,
+)
+
+#: A dataset (asset) some task declares as an outlet.
+datasets = sa.Table(
+    "datasets",
+    metadata,
+    sa.Column("name", sa.String(500), primary_key=True),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("last_event_id", sa.BigInteger, nullable=True),
+    sa.Column("last_event_at", UTCDateTime, nullable=True),
+    **MYSQL_OPTIONS,
+)
+
+#: Append-only: one row per successful producing task (its run, optional version and metadata).
+dataset_events = sa.Table(
+    "dataset_events",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("dataset", sa.String(500), nullable=False),
+    sa.Column("run_id", ID, nullable=True),
+    sa.Column("dag_id", ID, nullable=True),
+    sa.Column("task_id", ID, nullable=True),
+    sa.Column("version", sa.String(250), nullable=True),
+    sa.Column("extra", JSONType, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Index(None, "dataset", "id"),
+    **MYSQL_OPTIONS,
+)
+
+#: Per dataset-scheduled DAG and dataset: the newest event its runs have consumed.
+dataset_consumers = sa.Table(
+    "dataset_consumers",
+    metadata,
+    sa.Column("dag_id", ID, primary_key=True),
+    sa.Column("dataset", sa.String(500), primary_key=True),
+    sa.Column("last_event_id", sa.BigInteger, nullable=False, server_default="0"),
     **MYSQL_OPTIONS,
 )

@@ -5,6 +5,7 @@ User code runs only here, so a crash, `os._exit` or segfault ends one attempt, n
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -12,6 +13,8 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
+from collections.abc import Iterator
 from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -23,6 +26,9 @@ from treadle.authoring.specs import Dag
 from treadle.worker.protocol import Message, error_message, receive, send
 
 log = logging.getLogger("treadle.worker.child")
+
+#: Environment variable naming the run manifest's JSON file while a task runs.
+MANIFEST_ENV = "TREADLE_MANIFEST_FILE"
 
 
 class DagCache:
@@ -55,7 +61,7 @@ class DagCache:
         return found
 
 
-def _context(msg: Message) -> TaskContext:
+def _context(msg: Message, manifest_path: str | None) -> TaskContext:
     return TaskContext(
         run_id=msg["run_id"],
         dag_id=msg["dag_id"],
@@ -63,8 +69,35 @@ def _context(msg: Message) -> TaskContext:
         logical_date=datetime.fromisoformat(msg["logical_date"]),
         attempt=msg["attempt"],
         params=msg.get("params") or {},
+        manifest=msg.get("manifest") or {},
+        manifest_path=manifest_path,
         upstream_results=msg.get("upstream_results") or {},
     )
+
+
+@contextlib.contextmanager
+def _manifest_file(msg: Message) -> Iterator[str | None]:
+    """Write the run manifest to a private JSON file, named in TREADLE_MANIFEST_FILE meanwhile."""
+    manifest = msg.get("manifest")
+    if not manifest:
+        yield None
+        return
+    fd, path = tempfile.mkstemp(prefix=f"treadle-manifest-{msg['task_id']}-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(manifest, out, indent=2, sort_keys=True)
+        previous = os.environ.get(MANIFEST_ENV)
+        os.environ[MANIFEST_ENV] = path
+        try:
+            yield path
+        finally:
+            if previous is None:
+                os.environ.pop(MANIFEST_ENV, None)
+            else:
+                os.environ[MANIFEST_ENV] = previous
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def run_task(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message:
@@ -85,9 +118,10 @@ def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tupl
         if node is None:
             raise LookupError(f"task {msg['task_id']!r} is not defined in DAG {dag.dag_id!r}")
         kwargs: dict[str, Any] = dict(msg.get("kwargs") or {})
-        if node.takes_context:
-            kwargs["context"] = _context(msg)
-        value = node.fn(*(msg.get("args") or []), **kwargs)
+        with _manifest_file(msg) as manifest_path:
+            if node.takes_context:
+                kwargs["context"] = _context(msg, manifest_path)
+            value = node.fn(*(msg.get("args") or []), **kwargs)
     except Exception as exc:
         return {"ok": False, **error_message(exc, user_roots=roots)}
     except BaseException as exc:  # SystemExit from user code ends the attempt, not the child
@@ -132,7 +166,7 @@ def call_callback(dag: Dag, msg: Message) -> Message:
         settings = dag.tasks[msg["task_id"]].settings
         callback = settings.on_retry if msg["callback"] == "on_retry" else settings.on_dead_letter
         if callback is not None:
-            callback(_context(msg), msg.get("error") or {})
+            callback(_context(msg, None), msg.get("error") or {})
     except BaseException as exc:
         log.warning(
             "callback failed",

@@ -66,6 +66,7 @@ def run_message(task: ClaimedTask, version: DagVersion) -> Message:
         "attempt": task.attempt,
         "logical_date": task.logical_date.isoformat(),
         "params": task.conf,
+        "manifest": task.manifest,
         "upstream_results": task.upstream_results,
         "version_hash": version.version_hash,
         "args": [resolve(a) for a in definition.args],

@@ -1,0 +1,130 @@
+"""Keeping each DAG's schedule row (spec and watermark) in step with its registered structure."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.dag_version import DagStructure
+from treadle.domain.timetable import ScheduleSpec, Timetable
+from treadle.errors import DagNotFound
+from treadle.store import dags as dag_store
+from treadle.store import schedules as schedule_store
+from treadle.store.database import Database, db_now
+
+
+@functools.lru_cache(maxsize=4096)
+def _timetable(spec_json: str) -> Timetable:
+    return Timetable(ScheduleSpec.from_json(json.loads(spec_json)))
+
+
+def timetable_of(spec: dict[str, Any]) -> Timetable:
+    """The Timetable of a stored spec, parsed once per distinct spec."""
+    return _timetable(json.dumps(spec, sort_keys=True))
+
+
+def initial_next_fire(spec: ScheduleSpec, *, last_fire_at: datetime | None, now: datetime) -> datetime | None:
+    """Where a schedule's next fire time stands when its spec is (re)registered.
+
+    After the watermark when there is one; else the first interval from `start_date` (catch-up
+    policy applies when it falls due); else the first fire after `now`. None: nothing more to
+    fire (end_date passed) or not a timed schedule.
+    """
+    if not spec.is_timed:
+        return None
+    table = Timetable(spec)
+    if last_fire_at is not None:
+        nxt: datetime | None = table.next_fire_after(last_fire_at)
+    elif spec.start_date is not None:
+        nxt = table.first_fire(spec.start_date)
+    else:
+        nxt = table.next_fire_after(now)
+    return nxt if nxt is not None and table.allowed(nxt) else None
+
+
+def register_schedule(conn: Connection, structure: DagStructure, *, now: datetime) -> None:
+    """Keep a DAG's schedule row in step with its latest registered structure.
+
+    An unchanged spec keeps its watermark untouched. A changed spec keeps `last_fire_at` and
+    recomputes the next fire time from it. A DAG that no longer has a schedule keeps its row
+    (and watermark) with no next fire time.
+    """
+    current = schedule_store.get(conn, structure.dag_id)
+    spec = structure.schedule
+    spec_json = spec.to_json() if spec else {}
+    kind = spec.kind if spec else "none"
+    if current is not None and current.spec == spec_json and current.kind == kind:
+        return
+    if current is None and spec is None:
+        return
+    last = current.last_fire_at if current else None
+    nxt = initial_next_fire(spec, last_fire_at=last, now=now) if spec else None
+    schedule_store.put(
+        conn, structure.dag_id, kind=kind, spec=spec_json, last_fire_at=last, next_fire_at=nxt, now=now
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slot:
+    """One future fire time of a schedule and the data interval its run covers."""
+
+    fire_at: datetime
+    logical_date: datetime
+    data_interval_start: datetime
+    data_interval_end: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleView:
+    """A DAG's schedule as registered, with its watermark and the database's now."""
+
+    dag_id: str
+    spec: ScheduleSpec | None
+    last_fire_at: datetime | None
+    next_fire_at: datetime | None
+    is_paused: bool
+    now: datetime
+
+
+def schedule_view(db: Database, dag_id: str) -> ScheduleView:
+    """The registered schedule of a DAG (spec from its latest version). Raises DagNotFound."""
+
+    def work(conn: Connection) -> ScheduleView:
+        dag = dag_store.get_dag(conn, dag_id)
+        if dag is None or dag.latest_version_id is None:
+            raise DagNotFound(f"no DAG {dag_id!r} is registered (run `treadle dags sync`?)")
+        structure = dag_store.get_structure(conn, dag.latest_version_id)
+        row = schedule_store.get(conn, dag_id)
+        return ScheduleView(
+            dag_id=dag_id,
+            spec=structure.schedule,
+            last_fire_at=row.last_fire_at if row else None,
+            next_fire_at=row.next_fire_at if row else None,
+            is_paused=dag.is_paused,
+            now=db_now(conn),
+        )
+
+    return db.query(work)
+
+
+def upcoming(spec: ScheduleSpec, *, after: datetime, count: int) -> list[Slot]:
+    """The next `count` fire times strictly after `after` that get runs (within start/end dates)."""
+    table = Timetable(spec)
+    fire: datetime | None = table.next_fire_after(after)
+    if spec.start_date is not None:
+        first = table.first_fire(spec.start_date)
+        if first is None:
+            return []
+        if fire is None or fire < first:
+            fire = first
+    slots: list[Slot] = []
+    while fire is not None and len(slots) < count and table.allowed(fire):
+        start, end = table.data_interval(fire)
+        slots.append(Slot(fire_at=fire, logical_date=start, data_interval_start=start, data_interval_end=end))
+        fire = table.next_fire_after(fire)
+    return slots

@@ -1,0 +1,232 @@
+"""Time-based run creation: schedules' watermarks, catch-up policy and max_active_runs.
+
+Only the leader fires (engine/leadership.py). Every firing transaction first locks the leader
+lease row and checks the caller's epoch (F10): a leader that lost its lease while paused can
+write nothing. Each schedule's durable watermark (`last_fire_at`, `next_fire_at`) moves by
+compare-and-set in the same transaction as the runs it creates (F9), and the unique key
+(dag_id, logical_date, run_type) on runs is the last line: a slot that already has a run is
+skipped, never fired twice. Fire times come from the database clock only (F12).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.params import ParamsInvalid, resolve_params
+from treadle.domain.records import RunInfo
+from treadle.domain.states import RunType
+from treadle.domain.timetable import ScheduleSpec, Timetable
+from treadle.engine.dags import version_of
+from treadle.engine.runs import new_run
+from treadle.engine.schedules import timetable_of
+from treadle.errors import TreadleError
+from treadle.store import dialects
+from treadle.store import leases as lease_store
+from treadle.store import runs as run_store
+from treadle.store import schedules as schedule_store
+from treadle.store import task_instances as ti_store
+from treadle.store.database import Database, db_now
+
+log = logging.getLogger("treadle.scheduler")
+
+#: Name of the lease that elects the scheduler leader.
+LEADER_LEASE = "scheduler"
+#: Most runs one schedule gets in one pass (catch-up drains over several passes).
+MAX_RUNS_PER_SCHEDULE_PASS = 100
+#: Identity recorded as `triggered_by` on runs the scheduler creates.
+SCHEDULER_IDENTITY = "scheduler"
+
+
+class NotLeader(TreadleError):
+    """This scheduler no longer holds the leader lease at the epoch it acts under."""
+
+
+class WatermarkMoved(TreadleError):
+    """A schedule's watermark changed under this pass (its DAG was re-registered meanwhile)."""
+
+
+@dataclass(slots=True)
+class FireReport:
+    """What one firing pass did."""
+
+    runs_created: int = 0
+    #: Slots passed over by policy (catchup off) or because a run for them already existed.
+    slots_skipped: int = 0
+    #: Schedules due but held back by max_active_runs.
+    blocked: int = 0
+    #: Schedules looked at (a full batch means more may be due).
+    examined: int = 0
+    created: list[RunInfo] = field(default_factory=list)
+
+
+def fire_due_schedules(
+    db: Database,
+    *,
+    holder: str,
+    epoch: int,
+    default_queue_timeout_s: float,
+    limit: int = 500,
+) -> FireReport:
+    """Create the runs of every due slot of up to `limit` schedules, in one fenced transaction."""
+
+    def work(conn: Connection) -> FireReport:
+        now = db_now(conn)
+        if not lease_store.hold(conn, LEADER_LEASE, holder=holder, epoch=epoch, now=now):
+            raise NotLeader(f"{holder} no longer leads at epoch {epoch}")
+        report = FireReport()
+        due = schedule_store.due(conn, now=now, limit=limit)
+        report.examined = len(due)
+        if not due:
+            return report
+        active = schedule_store.active_run_counts(conn, [s.dag_id for s in due], run_type=RunType.SCHEDULED)
+        plans = []
+        for row in due:
+            plan = _plan(row, active.get(row.dag_id, 0), now=now)
+            report.slots_skipped += plan.skipped
+            if plan.blocked:
+                report.blocked += 1
+            elif plan.fires or plan.next_fire_at != row.next_fire_at:
+                plans.append(plan)
+        runs, instances = _build_runs(
+            db, conn, plans, report, epoch=epoch, now=now, queue_timeout_s=default_queue_timeout_s
+        )
+        moves = [(p.row.dag_id, p.expected, p.last_fire_at, p.next_fire_at) for p in plans]
+        if schedule_store.advance(conn, moves, now=now) != len(moves):
+            raise WatermarkMoved("a schedule changed during the firing pass")
+        if runs:
+            run_store.insert_runs(conn, runs)
+            ti_store.insert_task_instances(conn, instances)
+            dialects.notify_ready(conn)
+        report.runs_created = len(runs)
+        report.created = runs
+        return report
+
+    return db.transact(work, retry_conflicts=True)
+
+
+def _build_runs(
+    db: Database,
+    conn: Connection,
+    plans: list[_Plan],
+    report: FireReport,
+    *,
+    epoch: int,
+    now: datetime,
+    queue_timeout_s: float,
+) -> tuple[list[RunInfo], list[dict[str, Any]]]:
+    """The runs (and task instances) of the planned slots that have no scheduled run yet."""
+    wanted = [(p.row.dag_id, p.table.data_interval(f)[0]) for p in plans for f in p.fires]
+    exists = schedule_store.existing_logical_dates(conn, wanted, run_types=[RunType.SCHEDULED])
+    runs: list[RunInfo] = []
+    instances: list[dict[str, Any]] = []
+    for plan in plans:
+        if not plan.fires:
+            continue
+        assert plan.row.latest_version_id is not None
+        version = version_of(db, conn, plan.row.latest_version_id)
+        try:
+            params = resolve_params(plan.row.dag_id, version.structure.params_schema, {})
+        except ParamsInvalid as exc:
+            log.error(
+                "scheduled run not created: params have no valid defaults",
+                extra={"event": "scheduler.params_invalid", "dag_id": plan.row.dag_id, "error": str(exc)},
+            )
+            report.slots_skipped += len(plan.fires)
+            continue
+        for fire in plan.fires:
+            start, end = plan.table.data_interval(fire)
+            if (plan.row.dag_id, start) in exists:
+                report.slots_skipped += 1
+                continue
+            run, rows = new_run(
+                version,
+                run_type=RunType.SCHEDULED,
+                logical_date=start,
+                data_interval=(start, end),
+                conf={},
+                params=params,
+                triggered_by=SCHEDULER_IDENTITY,
+                now=now,
+                default_queue_timeout_s=queue_timeout_s,
+                leader_epoch=epoch,
+            )
+            runs.append(run)
+            instances.extend(rows)
+    return runs, instances
+
+
+@dataclass(slots=True)
+class _Plan:
+    row: schedule_store.ScheduleRow
+    table: Timetable
+    expected: datetime
+    fires: list[datetime]
+    last_fire_at: datetime | None
+    next_fire_at: datetime | None
+    skipped: int = 0
+    blocked: bool = False
+
+
+def _plan(row: schedule_store.ScheduleRow, active: int, *, now: datetime) -> _Plan:
+    """Which slots of one due schedule get runs now, and where its watermark moves."""
+    assert row.next_fire_at is not None
+    spec = ScheduleSpec.from_json(row.spec)
+    table = timetable_of(row.spec)
+    first = row.next_fire_at
+    plan = _Plan(row, table, first, [], row.last_fire_at, first)
+    room = spec.max_active_runs - active
+    if not spec.catchup:
+        latest = table.latest_fire_at_or_before(now)
+        if latest is not None and latest > first:
+            # Catch-up off: only the newest due slot runs; the ones before it are passed over.
+            passed = table.fires(first, until=latest, limit=10_000)
+            plan.skipped = len(passed)  # `first` itself is passed over, `latest` is in the list
+            log.info(
+                "slots passed over (catchup off)",
+                extra={
+                    "event": "scheduler.slots_skipped",
+                    "dag_id": row.dag_id,
+                    "from": first.isoformat(),
+                    "until": latest.isoformat(),
+                    "count": plan.skipped,
+                },
+            )
+            first = latest
+        if room <= 0:
+            # Held back: the watermark still moves past passed-over slots, never past `first`.
+            plan.blocked = plan.skipped == 0
+            plan.last_fire_at = row.last_fire_at if plan.skipped == 0 else table.prev_fire_before(first)
+            plan.next_fire_at = first
+            return plan
+        candidates = [first]
+    else:
+        if room <= 0:
+            plan.blocked = True
+            return plan
+        take = min(room, MAX_RUNS_PER_SCHEDULE_PASS)
+        candidates = [first, *table.fires(first, until=now, limit=take - 1)] if take > 1 else [first]
+    plan.fires = [f for f in candidates if table.allowed(f)]
+    if len(plan.fires) < len(candidates):
+        # Past end_date: nothing more will ever fire.
+        plan.last_fire_at = plan.fires[-1] if plan.fires else row.last_fire_at
+        plan.next_fire_at = None
+        return plan
+    plan.last_fire_at = plan.fires[-1]
+    nxt = table.next_fire_after(plan.fires[-1])
+    plan.next_fire_at = nxt if table.allowed(nxt) else None
+    return plan
+
+
+def next_wakeup(db: Database) -> tuple[datetime, datetime | None]:
+    """The database's now and the earliest future fire time of an unpaused schedule."""
+
+    def work(conn: Connection) -> tuple[datetime, datetime | None]:
+        now = db_now(conn)
+        return now, schedule_store.next_wakeup(conn, after=now)
+
+    return db.query(work)

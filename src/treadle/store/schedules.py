@@ -1,0 +1,179 @@
+"""Schedules: each scheduled DAG's spec and durable watermark (the last and next nominal fire)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from treadle.domain.states import RunState, RunType
+from treadle.store.tables import dag_runs, dags, schedules
+
+#: Run states that count against max_active_runs.
+ACTIVE_RUN_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRow:
+    """One schedule row, with the DAG's pause flag and latest version."""
+
+    dag_id: str
+    kind: str
+    spec: dict[str, Any]  # Any: JSON
+    last_fire_at: datetime | None
+    next_fire_at: datetime | None
+    is_paused: bool
+    latest_version_id: int | None
+
+
+def _select() -> sa.Select[Any]:
+    return sa.select(
+        schedules.c.dag_id,
+        schedules.c.kind,
+        schedules.c.spec,
+        schedules.c.last_fire_at,
+        schedules.c.next_fire_at,
+        dags.c.is_paused,
+        dags.c.latest_version_id,
+    ).select_from(schedules.join(dags, dags.c.dag_id == schedules.c.dag_id))
+
+
+def _row(r: sa.Row[Any]) -> ScheduleRow:
+    m = r._mapping
+    return ScheduleRow(
+        dag_id=m["dag_id"],
+        kind=m["kind"],
+        spec=m["spec"],
+        last_fire_at=m["last_fire_at"],
+        next_fire_at=m["next_fire_at"],
+        is_paused=bool(m["is_paused"]),
+        latest_version_id=m["latest_version_id"],
+    )
+
+
+def get(conn: Connection, dag_id: str) -> ScheduleRow | None:
+    """Return the schedule of one DAG, or None."""
+    row = conn.execute(_select().where(schedules.c.dag_id == dag_id)).first()
+    return _row(row) if row else None
+
+
+def get_many(conn: Connection, dag_ids: Iterable[str]) -> dict[str, ScheduleRow]:
+    """Return the schedules of the given DAGs, by id."""
+    ids = sorted(set(dag_ids))
+    if not ids:
+        return {}
+    return {r.dag_id: _row(r) for r in conn.execute(_select().where(schedules.c.dag_id.in_(ids)))}
+
+
+def put(
+    conn: Connection,
+    dag_id: str,
+    *,
+    kind: str,
+    spec: dict[str, Any],
+    last_fire_at: datetime | None,
+    next_fire_at: datetime | None,
+    now: datetime,
+) -> None:
+    """Insert or replace a DAG's schedule (the caller read the row it replaces in this transaction)."""
+    values = {
+        "kind": kind,
+        "spec": spec,
+        "last_fire_at": last_fire_at,
+        "next_fire_at": next_fire_at,
+        "updated_at": now,
+    }
+    updated = conn.execute(sa.update(schedules).where(schedules.c.dag_id == dag_id).values(**values)).rowcount
+    if not updated:
+        conn.execute(sa.insert(schedules).values(dag_id=dag_id, **values))
+
+
+def due(conn: Connection, *, now: datetime, limit: int) -> list[ScheduleRow]:
+    """Timed schedules of unpaused DAGs whose next fire time has come, earliest first."""
+    stmt = (
+        _select()
+        .where(
+            schedules.c.next_fire_at <= now,
+            schedules.c.kind.in_(["cron", "interval"]),
+            dags.c.is_paused == sa.false(),
+        )
+        .order_by(schedules.c.next_fire_at)
+        .limit(limit)
+    )
+    return [_row(r) for r in conn.execute(stmt)]
+
+
+def next_wakeup(conn: Connection, *, after: datetime) -> datetime | None:
+    """The earliest next fire time later than `after` of an unpaused DAG (when to wake up)."""
+    stmt = (
+        sa.select(sa.func.min(schedules.c.next_fire_at))
+        .select_from(schedules.join(dags, dags.c.dag_id == schedules.c.dag_id))
+        .where(schedules.c.next_fire_at > after, dags.c.is_paused == sa.false())
+    )
+    value: datetime | None = conn.execute(stmt).scalar()
+    return value
+
+
+def advance(
+    conn: Connection,
+    moves: Sequence[tuple[str, datetime, datetime | None, datetime | None]],
+    *,
+    now: datetime,
+) -> int:
+    """Move watermarks: (dag_id, expected next_fire_at, new last_fire_at, new next_fire_at).
+
+    Each move is a compare-and-set on the next fire time the caller read; returns how many
+    applied (the caller rolls back when fewer than asked did).
+    """
+    changed = 0
+    for dag_id, expected, last, nxt in moves:
+        result = conn.execute(
+            sa.update(schedules)
+            .where(schedules.c.dag_id == dag_id, schedules.c.next_fire_at == expected)
+            .values(last_fire_at=last, next_fire_at=nxt, updated_at=now)
+        )
+        changed += result.rowcount
+    return changed
+
+
+def active_run_counts(conn: Connection, dag_ids: Sequence[str], *, run_type: RunType) -> dict[str, int]:
+    """Queued or running runs of the given type per DAG."""
+    if not dag_ids:
+        return {}
+    stmt = (
+        sa.select(dag_runs.c.dag_id, sa.func.count())
+        .where(
+            dag_runs.c.dag_id.in_(sorted(set(dag_ids))),
+            dag_runs.c.state.in_(ACTIVE_RUN_STATES),
+            dag_runs.c.run_type == run_type.value,
+        )
+        .group_by(dag_runs.c.dag_id)
+    )
+    return {r[0]: int(r[1]) for r in conn.execute(stmt)}
+
+
+def existing_logical_dates(
+    conn: Connection, wanted: Sequence[tuple[str, datetime]], *, run_types: Sequence[RunType]
+) -> set[tuple[str, datetime]]:
+    """Which (dag_id, logical_date) pairs already have a run of one of `run_types`."""
+    if not wanted:
+        return set()
+    dag_ids = sorted({d for d, _ in wanted})
+    dates = sorted({t for _, t in wanted})
+    stmt = sa.select(dag_runs.c.dag_id, dag_runs.c.logical_date).where(
+        dag_runs.c.dag_id.in_(dag_ids),
+        dag_runs.c.logical_date.in_(dates),
+        dag_runs.c.run_type.in_([t.value for t in run_types]),
+    )
+    found = {(r.dag_id, r.logical_date) for r in conn.execute(stmt)}
+    return found & set(wanted)
+
+
+def dataset_schedules(conn: Connection) -> list[ScheduleRow]:
+    """Dataset-triggered schedules of unpaused DAGs."""
+    stmt = _select().where(schedules.c.kind == "dataset", dags.c.is_paused == sa.false())
+    return [_row(r) for r in conn.execute(stmt)]
