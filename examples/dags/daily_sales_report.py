@@ -1,7 +1,11 @@
 """Daily sales report: extract -> transform -> load -> notify.
 
+Runs every day at 02:00 Singapore time for the day before: the run with logical date
+2026-07-04 covers 2026-07-04 02:00 -> 2026-07-05 02:00 (Asia/Singapore) and fires at its end.
 Each step has its own retry settings: the extract talks to a (simulated) flaky source and
 retries quickly with backoff; the load writes a file and retries slower; notify never retries.
+`min_amount` is a validated param; the load records an event on the dataset
+`warehouse.sales_daily`, which the `sales_dashboard` example waits for.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from treadle import TaskContext, dag, task
+from treadle import Dataset, Param, TaskContext, dag, task
 
 REGIONS = ["north", "south", "east", "west"]
 
@@ -21,10 +25,11 @@ REGIONS = ["north", "south", "east", "west"]
 def extract(context: TaskContext) -> list[dict[str, Any]]:
     """Pull the day's orders from the source system (synthetic, seeded by the run)."""
     rng = random.Random(context.run_id)
-    return [
+    orders = [
         {"order_id": i, "region": rng.choice(REGIONS), "amount": round(rng.uniform(5, 500), 2)}
         for i in range(200)
     ]
+    return [o for o in orders if o["amount"] >= context.params["min_amount"]]
 
 
 @task(retries=1, retry_delay=5)
@@ -36,12 +41,19 @@ def transform(orders: list[dict[str, Any]]) -> dict[str, float]:
     return {region: round(total, 2) for region, total in totals.items()}
 
 
-@task(retries=3, retry_delay=10, backoff_factor=3, max_retry_delay=300)
+@task(
+    retries=3,
+    retry_delay=10,
+    backoff_factor=3,
+    max_retry_delay=300,
+    outlets=[Dataset("warehouse.sales_daily")],
+)
 def load(totals: dict[str, float], context: TaskContext) -> dict[str, Any]:
     """Write the report as CSV under $TREADLE_HOME/reports."""
     folder = Path(os.environ.get("TREADLE_HOME", "~/.treadle")).expanduser() / "reports"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"sales_{context.run_id}.csv"
+    day = context.manifest.get("data_interval_start", context.logical_date.isoformat())[:10]
+    path = folder / f"sales_{day}_{context.run_id}.csv"
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["region", "total"])
@@ -60,6 +72,9 @@ def notify(report: dict[str, Any]) -> str:
     owner="analytics",
     tags=["example", "sales"],
     description="Aggregate the day's orders per region and publish a CSV report.",
+    schedule="0 2 * * *",
+    timezone="Asia/Singapore",
+    params={"min_amount": Param(0, type="number", minimum=0, description="ignore smaller orders")},
 )
 def daily_sales_report() -> None:
     notify(load(transform(extract())))

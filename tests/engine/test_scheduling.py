@@ -19,6 +19,7 @@ from treadle.engine.pausing import set_paused
 from treadle.engine.runs import trigger_run
 from treadle.engine.scheduling import NotLeader, fire_due_schedules
 from treadle.store import runs as run_store
+from treadle.store import schedules as schedule_store
 from treadle.store.database import Database, db_now
 from treadle.testing import run_dag
 
@@ -252,9 +253,10 @@ def test_invalid_conf_lists_every_violation_with_its_path_and_creates_nothing(db
 def read_context(context: TaskContext) -> dict[str, Any]:
     import json
     import os
+    from pathlib import Path
 
     path = context.manifest_path
-    on_disk = json.loads(open(path).read()) if path else None
+    on_disk = json.loads(Path(path).read_text()) if path else None
     return {
         "params": context.params,
         "manifest": context.manifest,
@@ -282,3 +284,34 @@ def test_a_start_date_in_the_future_fires_nothing_yet(db: Database) -> None:
     future = datetime.now(UTC) + timedelta(days=1)
     sync_dags(db, structures=[_hourly(future, catchup=True).structure()], scanned_files=[], errors={})
     assert _fire(db, _leader(db)) == []
+
+
+def test_a_slot_that_already_has_a_run_is_skipped_never_doubled(db: Database) -> None:
+    """Even if a watermark went back (restored backup, lost update), the unique key holds."""
+    start = _now(db).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    sync_dags(db, structures=[_hourly(start, catchup=True).structure()], scanned_files=[], errors={})
+    leadership = _leader(db)
+    first = _fire(db, leadership)
+    assert len(first) == 3
+
+    def rewind(conn: Connection) -> None:
+        row = schedule_store.get(conn, "hourly")
+        assert row is not None and row.next_fire_at is not None
+        schedule_store.put(
+            conn,
+            "hourly",
+            kind=row.kind,
+            spec=row.spec,
+            last_fire_at=None,
+            next_fire_at=start + timedelta(hours=1),
+            now=db_now(conn),
+        )
+
+    db.transact(rewind)
+    assert leadership.epoch is not None
+    report = fire_due_schedules(
+        db, holder=leadership.holder, epoch=leadership.epoch, default_queue_timeout_s=60
+    )
+    assert report.runs_created == 0
+    assert report.slots_skipped == 3
+    assert sorted(r.logical_date for r in queries.list_runs(db)) == [r.logical_date for r in first]

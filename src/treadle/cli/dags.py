@@ -9,11 +9,11 @@ from zoneinfo import ZoneInfo
 import click
 
 from treadle.cli.main import Context, cli, identity, pass_context
-from treadle.cli.render import emit_json, fmt_time, table
+from treadle.cli.render import emit_json, fmt_time, table, to_jsonable
 from treadle.engine import queries
 from treadle.engine.pausing import set_paused
 from treadle.engine.runs import trigger_run
-from treadle.engine.schedules import schedule_view, upcoming
+from treadle.engine.schedules import describe, list_schedules, schedule_view, upcoming
 from treadle.errors import InvalidRequest
 
 
@@ -26,21 +26,35 @@ def dags_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
 def list_cmd(ctx: Context, as_json: bool) -> None:
-    """List registered DAGs."""
+    """List registered DAGs with their schedule and next fire time."""
     found = queries.list_dags(ctx.db)
+    schedules = list_schedules(ctx.db)
     if as_json:
-        emit_json(found)
+        emit_json(
+            [
+                {
+                    **to_jsonable(d),
+                    "schedule": schedules[d.dag_id].spec or None if d.dag_id in schedules else None,
+                    "next_fire_at": to_jsonable(schedules[d.dag_id].next_fire_at)
+                    if d.dag_id in schedules
+                    else None,
+                }
+                for d in found
+            ]
+        )
         return
     table(
         "DAGs",
-        ["dag id", "owner", "tags", "version", "paused", "file"],
+        ["dag id", "schedule", "next fire", "paused", "owner", "tags", "version", "file"],
         [
             (
                 d.dag_id,
+                describe(schedules[d.dag_id].spec) if d.dag_id in schedules else "manual",
+                fmt_time(schedules[d.dag_id].next_fire_at) if d.dag_id in schedules else "",
+                d.is_paused,
                 d.owner,
                 ",".join(d.tags),
                 (d.version_hash or "")[:12],
-                d.is_paused,
                 d.fileloc,
             )
             for d in found

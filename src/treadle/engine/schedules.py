@@ -128,3 +128,22 @@ def upcoming(spec: ScheduleSpec, *, after: datetime, count: int) -> list[Slot]:
         slots.append(Slot(fire_at=fire, logical_date=start, data_interval_start=start, data_interval_end=end))
         fire = table.next_fire_after(fire)
     return slots
+
+
+def list_schedules(db: Database) -> dict[str, schedule_store.ScheduleRow]:
+    """Every DAG's schedule row (spec, watermark), by DAG id."""
+    return db.query(schedule_store.all_rows)
+
+
+def describe(spec: dict[str, Any]) -> str:
+    """A short human description of a stored spec ("cron 0 2 * * * Asia/Singapore", ...)."""
+    if not spec:
+        return "manual"
+    parsed = ScheduleSpec.from_json(spec)
+    if parsed.kind == "cron":
+        text = f"cron {parsed.cron} {parsed.timezone}"
+    elif parsed.kind == "interval":
+        text = f"every {parsed.interval_s:g}s"
+    else:
+        text = "datasets " + ", ".join(parsed.datasets)
+    return text + (" (catchup)" if parsed.catchup else "")

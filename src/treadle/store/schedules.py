@@ -177,3 +177,8 @@ def dataset_schedules(conn: Connection) -> list[ScheduleRow]:
     """Dataset-triggered schedules of unpaused DAGs."""
     stmt = _select().where(schedules.c.kind == "dataset", dags.c.is_paused == sa.false())
     return [_row(r) for r in conn.execute(stmt)]
+
+
+def all_rows(conn: Connection) -> dict[str, ScheduleRow]:
+    """Every schedule row, by DAG id."""
+    return {r.dag_id: _row(r) for r in conn.execute(_select())}
