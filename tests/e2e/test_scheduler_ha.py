@@ -146,3 +146,29 @@ def test_sigkilled_leader_is_replaced_within_seconds_and_no_slot_is_missed_or_do
     assert min(len(v) for v in fires.values()) >= 8
     epochs = {r.leader_epoch for r in queries.list_runs(c.db, limit=100_000)}
     assert len(epochs) >= 3
+
+
+def test_sigterm_hands_leadership_over_at_once(pg_url: str, cluster: Callable[..., Cluster]) -> None:
+    c = cluster(pg_url, TREADLE_SCHEDULER_LEASE_SECONDS="30")
+    count = 3
+    c.write_dag("every_second.py", EVERY_SECOND_DAGS, count=count)
+    assert c.cli("dags", "sync").returncode == 0
+    c.start("s1", "scheduler")
+    c.start("s2", "scheduler")
+    wait_for(lambda: len(_slots(c)) == count, timeout=30, message="first runs")
+    pid, epoch = _leader_pid(c)
+    leader = next(n for n in ("s1", "s2") if c.procs[n].pid == pid)
+    stopped_at = c.db.query(db_now)
+    c.signal(leader, signal.SIGTERM)
+    c.procs[leader].wait(timeout=20)
+
+    def new_leader_fired() -> datetime | None:
+        newer = [r.created_at for r in queries.list_runs(c.db, limit=200) if (r.leader_epoch or 0) > epoch]
+        return min(newer) if newer else None
+
+    # With a 30 s lease, only the released lease explains a takeover this fast.
+    first_new = wait_for(new_leader_fired, timeout=10, interval=0.05, message="the standby to take over")
+    assert (first_new - stopped_at).total_seconds() < 3.0
+    _pause_all(c, count)
+    time.sleep(1.0)
+    _assert_every_slot_exactly_once(c, count)
