@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
@@ -51,3 +52,13 @@ def version_of(db: Database, conn: Connection, version_id: int) -> DagVersion:
         structure = dag_store.get_structure(conn, version_id)
         found = db.version_cache[version_id] = DagVersion.of(version_id, structure)
     return found
+
+
+def versions_of(db: Database, conn: Connection, version_ids: Iterable[int]) -> dict[int, DagVersion]:
+    """Return several DAG versions, reading the ones not cached yet in one query."""
+    wanted = set(version_ids)
+    missing = sorted(v for v in wanted if v not in db.version_cache)
+    if missing:
+        for version_id, structure in dag_store.get_structures(conn, missing).items():
+            db.version_cache[version_id] = DagVersion.of(version_id, structure)
+    return {v: version_of(db, conn, v) for v in wanted}

@@ -147,3 +147,52 @@ def describe(spec: dict[str, Any]) -> str:
     else:
         text = "datasets " + ", ".join(parsed.datasets)
     return text + (" (catchup)" if parsed.catchup else "")
+
+
+class Fires:
+    """A stored spec's timetable with memoised next/previous fire lookups.
+
+    Many schedules share a spec (`@hourly`, `0 2 * * *`), and every one of them due at the same
+    instant asks the same questions; a burst of thousands costs a few cron evaluations, not
+    thousands. Fire times are pure functions of (spec, instant), so the cache never goes stale.
+    """
+
+    __slots__ = ("key", "spec", "table")
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.key = json.dumps(spec, sort_keys=True)
+        self.table = _timetable(self.key)
+        self.spec = self.table.spec
+
+    def next_after(self, after: datetime) -> datetime:
+        """First fire strictly after `after`."""
+        return _next_after(self.key, after)
+
+    def prev_before(self, at: datetime) -> datetime | None:
+        """Last fire strictly before `at` (the data interval start of a fire at `at`)."""
+        return _prev_before(self.key, at)
+
+    def logical_ok(self, start: datetime | None) -> bool:
+        """True if a run whose data interval starts at `start` is within start/end dates."""
+        spec = self.spec
+        return (
+            start is not None
+            and (spec.start_date is None or start >= spec.start_date)
+            and (spec.end_date is None or start <= spec.end_date)
+        )
+
+
+@functools.lru_cache(maxsize=65536)
+def _next_after(key: str, after: datetime) -> datetime:
+    return _timetable(key).next_fire_after(after)
+
+
+@functools.lru_cache(maxsize=65536)
+def _prev_before(key: str, at: datetime) -> datetime | None:
+    return _timetable(key).prev_fire_before(at)
+
+
+@functools.lru_cache(maxsize=4096)
+def fires_of(key: str) -> Fires:
+    """The memoised timetable view of a stored spec, by its canonical JSON."""
+    return Fires(json.loads(key))

@@ -10,6 +10,7 @@ skipped, never fired twice. Fire times come from the database clock only (F12).
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,10 +21,9 @@ from sqlalchemy.engine import Connection
 from treadle.domain.params import ParamsInvalid, resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunType
-from treadle.domain.timetable import ScheduleSpec, Timetable
-from treadle.engine.dags import version_of
+from treadle.engine.dags import versions_of
 from treadle.engine.runs import new_run
-from treadle.engine.schedules import timetable_of
+from treadle.engine.schedules import fires_of
 from treadle.errors import TreadleError
 from treadle.store import dialects
 from treadle.store import leases as lease_store
@@ -95,7 +95,7 @@ def fire_due_schedules(
         runs, instances = _build_runs(
             db, conn, plans, report, epoch=epoch, now=now, queue_timeout_s=default_queue_timeout_s
         )
-        moves = [(p.row.dag_id, p.expected, p.last_fire_at, p.next_fire_at) for p in plans]
+        moves = [(p.row.dag_id, p.row.next_fire_at, p.last_fire_at, p.next_fire_at) for p in plans]
         if schedule_store.advance(conn, moves, now=now) != len(moves):
             raise WatermarkMoved("a schedule changed during the firing pass")
         if runs:
@@ -120,26 +120,33 @@ def _build_runs(
     queue_timeout_s: float,
 ) -> tuple[list[RunInfo], list[dict[str, Any]]]:
     """The runs (and task instances) of the planned slots that have no scheduled run yet."""
-    wanted = [(p.row.dag_id, p.table.data_interval(f)[0]) for p in plans for f in p.fires]
+    wanted = [(p.row.dag_id, start) for p in plans for _, start in p.fires]
     exists = schedule_store.existing_logical_dates(conn, wanted, run_types=[RunType.SCHEDULED])
     runs: list[RunInfo] = []
     instances: list[dict[str, Any]] = []
+    versions = versions_of(
+        db, conn, [p.row.latest_version_id for p in plans if p.fires and p.row.latest_version_id]
+    )
+    defaults: dict[int, dict[str, Any] | None] = {}
     for plan in plans:
         if not plan.fires:
             continue
         assert plan.row.latest_version_id is not None
-        version = version_of(db, conn, plan.row.latest_version_id)
-        try:
-            params = resolve_params(plan.row.dag_id, version.structure.params_schema, {})
-        except ParamsInvalid as exc:
-            log.error(
-                "scheduled run not created: params have no valid defaults",
-                extra={"event": "scheduler.params_invalid", "dag_id": plan.row.dag_id, "error": str(exc)},
-            )
+        version = versions[plan.row.latest_version_id]
+        if version.id not in defaults:
+            try:
+                defaults[version.id] = resolve_params(plan.row.dag_id, version.structure.params_schema, {})
+            except ParamsInvalid as exc:
+                log.error(
+                    "scheduled run not created: params have no valid defaults",
+                    extra={"event": "scheduler.params_invalid", "dag_id": plan.row.dag_id, "error": str(exc)},
+                )
+                defaults[version.id] = None
+        params = defaults[version.id]
+        if params is None:
             report.slots_skipped += len(plan.fires)
             continue
-        for fire in plan.fires:
-            start, end = plan.table.data_interval(fire)
+        for fire, start in plan.fires:
             if (plan.row.dag_id, start) in exists:
                 report.slots_skipped += 1
                 continue
@@ -147,9 +154,9 @@ def _build_runs(
                 version,
                 run_type=RunType.SCHEDULED,
                 logical_date=start,
-                data_interval=(start, end),
+                data_interval=(start, fire),
                 conf={},
-                params=params,
+                params=dict(params),
                 triggered_by=SCHEDULER_IDENTITY,
                 now=now,
                 default_queue_timeout_s=queue_timeout_s,
@@ -163,9 +170,8 @@ def _build_runs(
 @dataclass(slots=True)
 class _Plan:
     row: schedule_store.ScheduleRow
-    table: Timetable
-    expected: datetime
-    fires: list[datetime]
+    #: Due slots that get runs: (fire time, data interval start), oldest first.
+    fires: list[tuple[datetime, datetime]]
     last_fire_at: datetime | None
     next_fire_at: datetime | None
     skipped: int = 0
@@ -173,18 +179,23 @@ class _Plan:
 
 
 def _plan(row: schedule_store.ScheduleRow, active: int, *, now: datetime) -> _Plan:
-    """Which slots of one due schedule get runs now, and where its watermark moves."""
+    """Which slots of one due schedule get runs now, and where its watermark moves.
+
+    Fire times are consecutive, so the data interval of the fire after `f` starts at `f`:
+    one next-fire and one previous-fire lookup per slot.
+    """
     assert row.next_fire_at is not None
-    spec = ScheduleSpec.from_json(row.spec)
-    table = timetable_of(row.spec)
+    fires = fires_of(json.dumps(row.spec, sort_keys=True))
+    spec = fires.spec
     first = row.next_fire_at
-    plan = _Plan(row, table, first, [], row.last_fire_at, first)
+    plan = _Plan(row, [], row.last_fire_at, first)
     room = spec.max_active_runs - active
-    if not spec.catchup:
-        latest = table.latest_fire_at_or_before(now)
+    following = fires.next_after(first)
+    if not spec.catchup and following <= now:
+        # Catch-up off: only the newest due slot runs; the ones before it are passed over.
+        latest = fires.table.latest_fire_at_or_before(now)
         if latest is not None and latest > first:
-            # Catch-up off: only the newest due slot runs; the ones before it are passed over.
-            passed = table.fires(first, until=latest, limit=10_000)
+            passed = fires.table.fires(first, until=latest, limit=10_000)
             plan.skipped = len(passed)  # `first` itself is passed over, `latest` is in the list
             log.info(
                 "slots passed over (catchup off)",
@@ -197,28 +208,31 @@ def _plan(row: schedule_store.ScheduleRow, active: int, *, now: datetime) -> _Pl
                 },
             )
             first = latest
-        if room <= 0:
-            # Held back: the watermark still moves past passed-over slots, never past `first`.
-            plan.blocked = plan.skipped == 0
-            plan.last_fire_at = row.last_fire_at if plan.skipped == 0 else table.prev_fire_before(first)
+            following = fires.next_after(first)
+    if room <= 0:
+        # Held back: the watermark moves past passed-over slots only, never past `first`.
+        plan.blocked = plan.skipped == 0
+        if plan.skipped:
+            plan.last_fire_at = fires.prev_before(first)
             plan.next_fire_at = first
-            return plan
-        candidates = [first]
-    else:
-        if room <= 0:
-            plan.blocked = True
-            return plan
-        take = min(room, MAX_RUNS_PER_SCHEDULE_PASS)
-        candidates = [first, *table.fires(first, until=now, limit=take - 1)] if take > 1 else [first]
-    plan.fires = [f for f in candidates if table.allowed(f)]
-    if len(plan.fires) < len(candidates):
-        # Past end_date: nothing more will ever fire.
-        plan.last_fire_at = plan.fires[-1] if plan.fires else row.last_fire_at
-        plan.next_fire_at = None
         return plan
-    plan.last_fire_at = plan.fires[-1]
-    nxt = table.next_fire_after(plan.fires[-1])
-    plan.next_fire_at = nxt if table.allowed(nxt) else None
+    take = min(room, MAX_RUNS_PER_SCHEDULE_PASS) if spec.catchup else 1
+    fire, start = first, fires.prev_before(first)
+    while True:
+        if not fires.logical_ok(start):
+            # Past end_date (or before start_date): nothing more will ever fire.
+            plan.next_fire_at = None
+            break
+        assert start is not None
+        plan.fires.append((fire, start))
+        plan.last_fire_at = fire
+        nxt = following if fire == first else fires.next_after(fire)
+        plan.next_fire_at = nxt
+        if len(plan.fires) >= take or nxt > now:
+            if not fires.logical_ok(fire):  # the next slot's interval starts at `fire`
+                plan.next_fire_at = None
+            break
+        fire, start = nxt, fire
     return plan
 
 

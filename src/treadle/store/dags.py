@@ -131,3 +131,11 @@ def set_paused(conn: Connection, dag_id: str, *, paused: bool, now: datetime) ->
         return False
     conn.execute(sa.update(dags).where(dags.c.dag_id == dag_id).values(is_paused=paused, updated_at=now))
     return True
+
+
+def get_structures(conn: Connection, version_ids: list[int]) -> dict[int, DagStructure]:
+    """Return the structures of several DAG versions, by version id."""
+    rows = conn.execute(
+        sa.select(dag_versions.c.id, dag_versions.c.structure).where(dag_versions.c.id.in_(version_ids))
+    )
+    return {r.id: DagStructure.from_json(r.structure) for r in rows}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +22,11 @@ def insert_run(conn: Connection, run: RunInfo) -> None:
 def insert_runs(conn: Connection, runs: list[RunInfo]) -> None:
     """Insert new run rows in one statement."""
     if runs:
-        conn.execute(sa.insert(dag_runs), [asdict(r) for r in runs])
+        # Shallow: asdict() would deep-copy every manifest.
+        conn.execute(sa.insert(dag_runs), [{f.name: getattr(r, f.name) for f in _RUN_FIELDS} for r in runs])
+
+
+_RUN_FIELDS = fields(RunInfo)
 
 
 def _info(row: sa.Row[Any]) -> RunInfo:

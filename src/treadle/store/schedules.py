@@ -129,15 +129,19 @@ def advance(
     Each move is a compare-and-set on the next fire time the caller read; returns how many
     applied (the caller rolls back when fewer than asked did).
     """
-    changed = 0
-    for dag_id, expected, last, nxt in moves:
-        result = conn.execute(
-            sa.update(schedules)
-            .where(schedules.c.dag_id == dag_id, schedules.c.next_fire_at == expected)
-            .values(last_fire_at=last, next_fire_at=nxt, updated_at=now)
+    if not moves:
+        return 0
+    stmt = (
+        sa.update(schedules)
+        .where(
+            schedules.c.dag_id == sa.bindparam("k_dag_id"),
+            schedules.c.next_fire_at == sa.bindparam("k_expected"),
         )
-        changed += result.rowcount
-    return changed
+        .values(last_fire_at=sa.bindparam("v_last"), next_fire_at=sa.bindparam("v_next"), updated_at=now)
+    )
+    params = [{"k_dag_id": d, "k_expected": e, "v_last": last, "v_next": nxt} for d, e, last, nxt in moves]
+    # One executemany (pipelined by psycopg); every dialect here reports its summed rowcount.
+    return int(conn.execute(stmt, params).rowcount)
 
 
 def active_run_counts(conn: Connection, dag_ids: Sequence[str], *, run_type: RunType) -> dict[str, int]:
