@@ -120,7 +120,7 @@ def next_wakeup(conn: Connection, *, after: datetime) -> datetime | None:
 
 def advance(
     conn: Connection,
-    moves: Sequence[tuple[str, datetime, datetime | None, datetime | None]],
+    moves: Sequence[tuple[str, datetime | None, datetime | None, datetime | None]],
     *,
     now: datetime,
 ) -> int:
