@@ -193,7 +193,7 @@ WIDE_DAG = """
         return n
 
 
-    @task(queue="gpu", queue_timeout=4, retries=0)
+    @task(queue="gpu", queue_timeout=10, retries=0)
     def elsewhere() -> None:
         return None
 
