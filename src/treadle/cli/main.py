@@ -83,6 +83,7 @@ pass_context: Callable[..., Any] = click.make_pass_decorator(Context)
 def main() -> None:
     """Console-script entry point."""
     from treadle.cli import (  # noqa: F401  (registers the commands)
+        backfills,
         dags,
         database,
         dead_letters,

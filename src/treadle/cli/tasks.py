@@ -1,4 +1,5 @@
-"""`treadle tasks test`: run one task in this process, for debugging. Records nothing."""
+"""`treadle tasks test` (run one task in this process, recording nothing) and `treadle tasks
+clear` (run finished tasks of a run again)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import click
 
 from treadle.authoring.context import TaskContext
 from treadle.authoring.loader import load_folder
-from treadle.cli.main import Context, cli, pass_context
+from treadle.cli.main import Context, cli, identity, pass_context
+from treadle.cli.render import emit_json
+from treadle.engine.clearing import clear_tasks
 from treadle.errors import DagNotFound, InvalidRequest
 
 
@@ -80,3 +83,27 @@ def test_cmd(ctx: Context, dag_id: str, task_id: str, conf: str, upstream: tuple
         )
     result = node.fn(*[value(a) for a in node.args], **kwargs)
     click.echo(json.dumps(result, indent=2, default=str))
+
+
+@tasks_group.command("clear")
+@click.argument("run_id")
+@click.argument("task_ids", nargs=-1, required=True)
+@click.option("--downstream", is_flag=True, help="Clear everything downstream of the named tasks too.")
+@click.option("--reason", default="", help="Why (recorded in the audit log).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def clear_cmd(
+    ctx: Context, run_id: str, task_ids: tuple[str, ...], downstream: bool, reason: str, as_json: bool
+) -> None:
+    """Run finished TASK_IDs of RUN_ID again, with a fresh retry budget (attempt history is kept).
+
+    A cleared task is queued when its upstreams have succeeded, else it waits for them. Tasks
+    still queued or running are refused. A finished run reopens.
+    """
+    report = clear_tasks(
+        ctx.db, run_id, list(dict.fromkeys(task_ids)), downstream=downstream, actor=identity(), reason=reason
+    )
+    if as_json:
+        emit_json(report)
+        return
+    click.echo(f"cleared {len(report.cleared)} task(s) of run {run_id}: {', '.join(report.cleared)}")

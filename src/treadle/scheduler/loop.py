@@ -17,6 +17,7 @@ import uuid
 from dataclasses import asdict
 from datetime import timedelta
 
+from treadle.engine.backfills import drain_backfills
 from treadle.engine.leadership import Leadership
 from treadle.engine.reaper import (
     enforce_execution_deadlines,
@@ -107,6 +108,17 @@ class Scheduler:
                 break
         return total
 
+    def lead_tick(self) -> dict[str, int]:
+        """Leader duties paced by the tick: backfill intervals (each fenced by the epoch)."""
+        epoch = self.leadership.epoch
+        if epoch is None:
+            return {}
+        return {
+            "backfill_intervals": drain_backfills(
+                self.db, holder=self.holder, epoch=epoch, default_queue_timeout_s=self.default_queue_timeout_s
+            ),
+        }
+
     def step(self) -> float:
         """One turn of the loop; returns how long to sleep before the next."""
         if time.monotonic() >= self.next_lease_at:
@@ -120,7 +132,7 @@ class Scheduler:
             self.fire()
             if time.monotonic() >= self.next_tick_at:
                 self.next_tick_at = time.monotonic() + self.tick_s
-                changes = self.tick()
+                changes = {**self.lead_tick(), **self.tick()}
                 if any(changes.values()):
                     log.info("scheduler tick", extra={"event": "scheduler.tick", **changes})
         except NotLeader as exc:
