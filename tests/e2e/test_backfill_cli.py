@@ -184,3 +184,30 @@ def test_watcher_ends_on_cancel_and_ctrl_c_only_stops_watching(
     assert "stopped watching; backfill 2 goes on" in log
     assert "treadle backfills cancel 2" in log
     assert c.cli_json("backfills", "show", "2")["status"]["backfill"]["state"] == "running"
+
+
+def test_a_backfill_drains_through_the_scheduler_within_its_budget(
+    pg_url: str, cluster: Callable[..., Cluster]
+) -> None:
+    c = cluster(pg_url)
+    _setup(c)
+    c.start("scheduler", "scheduler")
+    c.worker("w1", concurrency=4)
+    # Watched to the end: the progress bar returns once every interval has run.
+    done = c.cli(
+        "backfill", "hourly", "--from", _k(1), "--to", _k(12), "--reason", "reload", "--max-active", "2"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (status,) = c.cli_json("backfills", "list")
+    assert status["backfill"]["state"] == "done", status
+    assert status["runs_success"] == 12 and status["runs_active"] == 0
+    runs = [r for r in c.cli_json("runs", "list", "--limit", "500") if r["run_type"] == "backfill"]
+    assert len(runs) == 12
+    assert {r["state"] for r in runs} == {"success"}
+    starts = sorted(r["logical_date"] for r in runs)
+    assert starts[0].startswith(_k(1)[:13]) and len(set(starts)) == 12
+    # Never more than 2 of its runs at once: their [started, ended] spans overlap at most pairwise.
+    spans = sorted((r["started_at"], r["ended_at"]) for r in runs)
+    for i, (start, _) in enumerate(spans):
+        overlapping = sum(1 for s, e in spans[:i] if e > start)
+        assert overlapping <= 1, spans
