@@ -121,7 +121,10 @@ def _build_runs(
 ) -> tuple[list[RunInfo], list[dict[str, Any]]]:
     """The runs (and task instances) of the planned slots that have no scheduled run yet."""
     wanted = [(p.row.dag_id, start) for p in plans for _, start in p.fires]
-    exists = schedule_store.existing_logical_dates(conn, wanted, run_types=[RunType.SCHEDULED])
+    # A slot a backfill already ran (say while the DAG was paused) is not run again.
+    exists = schedule_store.existing_logical_dates(
+        conn, wanted, run_types=[RunType.SCHEDULED, RunType.BACKFILL]
+    )
     runs: list[RunInfo] = []
     instances: list[dict[str, Any]] = []
     versions = versions_of(
