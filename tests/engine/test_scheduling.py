@@ -315,3 +315,36 @@ def test_a_slot_that_already_has_a_run_is_skipped_never_doubled(db: Database) ->
     assert report.runs_created == 0
     assert report.slots_skipped == 3
     assert sorted(r.logical_date for r in queries.list_runs(db)) == [r.logical_date for r in first]
+
+
+def test_catchup_skips_an_interval_a_backfill_already_ran(db: Database) -> None:
+    start = _now(db).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    sync_dags(db, structures=[_hourly(start, catchup=True).structure()], scanned_files=[], errors={})
+
+    def backfilled(conn: Connection) -> None:
+        from treadle.domain.states import RunType
+        from treadle.engine.dags import version_of
+        from treadle.engine.runs import new_run
+        from treadle.store import dags as dag_store
+        from treadle.store import task_instances as ti_store
+
+        dag_info = dag_store.get_dag(conn, "hourly")
+        assert dag_info is not None and dag_info.latest_version_id is not None
+        now = db_now(conn)
+        run, rows = new_run(
+            version_of(db, conn, dag_info.latest_version_id),
+            run_type=RunType.BACKFILL,
+            logical_date=start + timedelta(hours=1),
+            data_interval=(start + timedelta(hours=1), start + timedelta(hours=2)),
+            conf={},
+            params={},
+            triggered_by="backfill:1:test",
+            now=now,
+            default_queue_timeout_s=60,
+        )
+        run_store.insert_run(conn, run)
+        ti_store.insert_task_instances(conn, rows)
+
+    db.transact(backfilled)
+    created = _fire(db, _leader(db))
+    assert [r.logical_date for r in created] == [start, start + timedelta(hours=2)]
