@@ -3,29 +3,33 @@
     result = run_dag(my_dag, conf={"day": "2026-07-04"})
     assert result.state == "success"
     assert result.results["load"] == {"rows": 3}
+    assert [e.dataset for e in result.dataset_events] == ["warehouse.sales_daily"]
 
 Tasks run in the calling process through the same engine as production (claim, fenced
-completion, retry policy, dead letters); retry delays are honoured, task timeouts are not.
+completion, retry policy, dead letters, dataset events of outlets); retry delays are honoured,
+task timeouts are not.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from treadle.authoring.specs import Dag
-from treadle.domain.records import AttemptInfo, ClaimedTask, RunInfo
+from treadle.domain.records import AttemptError, AttemptInfo, ClaimedTask, RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome
 from treadle.engine import queries
 from treadle.engine.dags import sync_dags
+from treadle.engine.datasets import parse_outlet_events, run_dataset_events
 from treadle.engine.execution import claim_task_instances, complete_attempt, fail_attempt
 from treadle.engine.reaper import promote_due_retries
 from treadle.engine.runs import finish_idle_runs, trigger_run
 from treadle.store import migrate
 from treadle.store.database import Database
+from treadle.store.datasets import DatasetEventInfo
 from treadle.worker.child import call_callback, call_task
 from treadle.worker.protocol import run_message, to_attempt_error
 
@@ -41,6 +45,8 @@ class DagRunResult:
     results: dict[str, Any]  # Any: user JSON
     attempt_history: list[AttemptInfo]
     database_url: str
+    #: Events the run's tasks recorded on their outlets, oldest first.
+    dataset_events: list[DatasetEventInfo] = field(default_factory=list)
 
     @property
     def state(self) -> str:
@@ -87,6 +93,7 @@ class DagRunner:
             results=detail.results,
             attempt_history=detail.attempts,
             database_url=self.database_url,
+            dataset_events=run_dataset_events(self.db, run_id),
         )
 
     def close(self) -> None:
@@ -144,9 +151,22 @@ def _execute(db: Database, dag: Dag, task: ClaimedTask, max_result_bytes: int) -
         dag, message, max_result_bytes=max_result_bytes, user_roots=(str(Path(dag.fileloc).parent),)
     )
     if reply.get("ok"):
-        complete_attempt(db, task, worker_id="treadle-testing", hostname="local", value=reply.get("value"))
-        return
-    error = to_attempt_error(reply)
+        try:
+            annotations = parse_outlet_events(reply.get("outlet_events"))
+        except ValueError as exc:
+            error = AttemptError(error_type="OutletEventInvalid", message=str(exc), retryable=False)
+        else:
+            complete_attempt(
+                db,
+                task,
+                worker_id="treadle-testing",
+                hostname="local",
+                value=reply.get("value"),
+                outlet_events=annotations,
+            )
+            return
+    else:
+        error = to_attempt_error(reply)
     ending = fail_attempt(
         db, task, outcome=AttemptOutcome.FAILED, error=error, worker_id="treadle-testing", hostname="local"
     )

@@ -3,6 +3,7 @@ by; SIGKILLing the leader hands over within seconds, and every schedule slot get
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 from collections import defaultdict
@@ -59,7 +60,7 @@ def _assert_every_slot_exactly_once(c: Cluster, dag_count: int) -> dict[str, lis
     assert len(fires) == dag_count
     for dag_id, times in fires.items():
         assert len(times) == len(set(times)), f"{dag_id}: a slot fired twice"
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b - a != timedelta(seconds=1)]
+        gaps = [b - a for a, b in itertools.pairwise(times) if b - a != timedelta(seconds=1)]
         assert not gaps, f"{dag_id}: slots missing between fires: {gaps}"
     return fires
 

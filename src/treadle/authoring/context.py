@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from treadle.authoring.datasets import Dataset
+
+#: Longest version string an outlet event keeps (the `dataset_events.version` column).
+MAX_OUTLET_VERSION_CHARS = 250
+#: Largest serialized metadata of one outlet event; past it the attempt fails, not retried.
+MAX_OUTLET_METADATA_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,3 +39,39 @@ class TaskContext:
     manifest_path: str | None = None
     #: Results of upstream tasks by task id. Any: user JSON.
     upstream_results: dict[str, Any] = field(default_factory=dict)
+    #: Names of the datasets this task declares as outlets (`@task(outlets=[...])`).
+    outlets: tuple[str, ...] = ()
+    #: Annotations of this attempt's outlet events by dataset name: {"version": str | None,
+    #: "metadata": dict}, filled by `outlet_event`. Any: user JSON.
+    outlet_events: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def outlet_event(
+        self,
+        dataset: Dataset | str,
+        *,
+        version: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Give the event this attempt records on `dataset` when it succeeds a version and metadata.
+
+        Only declared outlets can be annotated (ValueError otherwise); a second call for the same
+        dataset replaces the first. `metadata` must be a JSON object of at most
+        MAX_OUTLET_METADATA_BYTES serialized: beyond it the attempt fails without retries.
+        """
+        name = dataset.name if isinstance(dataset, Dataset) else dataset
+        if not isinstance(name, str) or name not in self.outlets:
+            declared = ", ".join(self.outlets) if self.outlets else "none"
+            raise ValueError(
+                f"task {self.task_id!r} does not declare dataset {name!r} as an outlet "
+                f"(declared outlets: {declared})"
+            )
+        if version is not None and (
+            not isinstance(version, str) or not 1 <= len(version) <= MAX_OUTLET_VERSION_CHARS
+        ):
+            raise ValueError(
+                f"outlet event version must be a string of 1-{MAX_OUTLET_VERSION_CHARS} characters, "
+                f"got {version!r:.80}"
+            )
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValueError(f"outlet event metadata must be a mapping (JSON object), got {metadata!r:.80}")
+        self.outlet_events[name] = {"version": version, "metadata": dict(metadata or {})}

@@ -86,6 +86,7 @@ def main() -> None:
         backfills,
         dags,
         database,
+        datasets,
         dead_letters,
         operations,
         pools,

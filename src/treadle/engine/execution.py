@@ -6,7 +6,7 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +18,7 @@ from treadle.domain.records import AttemptError, ClaimedTask, RunInfo
 from treadle.domain.retry import RetryDecision, decide_retry
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.engine.dags import version_of
+from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events
 from treadle.engine.runs import finish_run_if_done
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
@@ -130,32 +131,43 @@ def _runs(db: Database, conn: Connection, run_ids: set[str]) -> dict[str, RunInf
     return {r: cache[r] for r in run_ids}
 
 
+#: One success to record: (attempt, result) or (attempt, result, outlet annotations by dataset).
+Success = tuple[ClaimedTask, Any] | tuple[ClaimedTask, Any, Mapping[str, OutletEvent]]
+
+
+def _unpack(item: Success) -> tuple[ClaimedTask, Any, Mapping[str, OutletEvent]]:
+    if len(item) == 3:
+        return item
+    return item[0], item[1], {}
+
+
 def complete_attempts(
-    db: Database, done: Sequence[tuple[ClaimedTask, Any]], *, worker_id: str, hostname: str
+    db: Database, done: Sequence[Success], *, worker_id: str, hostname: str
 ) -> list[Ending]:
     """Record several successes of this worker in one transaction, in a handful of statements.
 
     Per attempt it is the same as `complete_attempt`: a compare-and-set fenced by worker id and
-    attempt (one UPDATE for the batch), the attempt row, the result, the downstream counters,
-    NOTIFY, and closing the run when a leaf ends. Attempts the worker lost are discarded, not
-    applied. Returns one Ending per item, in order.
+    attempt (one UPDATE for the batch), the attempt row, the result, the dataset events of its
+    outlets, the downstream counters, NOTIFY, and closing the run when a leaf ends. Attempts the
+    worker lost are discarded, not applied. Returns one Ending per item, in order.
     """
     if not done:
         return []
+    items = [_unpack(d) for d in done]
 
     def work(conn: Connection) -> list[Ending]:
         now = _statement_clock(conn)
         ended = ti_store.end_running_many(
             conn,
-            held=[(t.task_instance_id, t.attempt) for t, _ in done],
+            held=[(t.task_instance_id, t.attempt) for t, _, _ in items],
             new_state=TaskState.SUCCESS,
             worker_id=worker_id,
             now=now,
         )
-        attempts, results = [], []
+        attempts, results, events = [], [], []
         increments: Counter[tuple[str, str]] = Counter()
         leaf_runs: set[str] = set()
-        for task, value in done:
+        for task, value, outlet_events in items:
             ended_at = ended.get((task.task_instance_id, task.attempt))
             if ended_at is None:
                 _discard(conn, task, "success")
@@ -175,7 +187,11 @@ def complete_attempts(
                     "created_at": ended_at,
                 }
             )
-            downstream = version_of(db, conn, task.dag_version_id).downstream[task.task_id]
+            version = version_of(db, conn, task.dag_version_id)
+            outlets = version.structure.tasks[task.task_id].outlets
+            if outlets:
+                events.extend(outlet_event_rows(db, conn, task, outlets, outlet_events, at=ended_at))
+            downstream = version.downstream[task.task_id]
             increments.update((task.run_id, d) for d in downstream)
             if not downstream:
                 leaf_runs.add(task.run_id)
@@ -185,14 +201,27 @@ def complete_attempts(
             dialects.notify_ready(conn)
         for run_id in sorted(leaf_runs):
             finish_run_if_done(conn, run_id)
-        return [Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _ in done]
+        # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
+        record_outlet_events(conn, events)
+        return [Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _ in items]
 
     return db.transact(work)
 
 
-def complete_attempt(db: Database, task: ClaimedTask, *, worker_id: str, hostname: str, value: Any) -> Ending:
-    """Record success, store the result and ready the downstream, all in one transaction."""
-    return complete_attempts(db, [(task, value)], worker_id=worker_id, hostname=hostname)[0]
+def complete_attempt(
+    db: Database,
+    task: ClaimedTask,
+    *,
+    worker_id: str,
+    hostname: str,
+    value: Any,
+    outlet_events: Mapping[str, OutletEvent] | None = None,
+) -> Ending:
+    """Record success, store the result, record outlet events and ready the downstream, all in
+    one transaction. `outlet_events` are the task's annotations (version, metadata) by dataset."""
+    return complete_attempts(
+        db, [(task, value, outlet_events or {})], worker_id=worker_id, hostname=hostname
+    )[0]
 
 
 def fail_attempt(

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from datetime import timedelta
 
 from treadle.engine.backfills import drain_backfills
+from treadle.engine.datasets import trigger_dataset_runs
 from treadle.engine.leadership import Leadership
 from treadle.engine.reaper import (
     enforce_execution_deadlines,
@@ -109,11 +110,15 @@ class Scheduler:
         return total
 
     def lead_tick(self) -> dict[str, int]:
-        """Leader duties paced by the tick: backfill intervals (each fenced by the epoch)."""
+        """Leader duties paced by the tick: dataset triggers and backfill intervals (each fenced
+        by the epoch)."""
         epoch = self.leadership.epoch
         if epoch is None:
             return {}
         return {
+            "dataset_runs": trigger_dataset_runs(
+                self.db, holder=self.holder, epoch=epoch, default_queue_timeout_s=self.default_queue_timeout_s
+            ),
             "backfill_intervals": drain_backfills(
                 self.db, holder=self.holder, epoch=epoch, default_queue_timeout_s=self.default_queue_timeout_s
             ),

@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from treadle.authoring.context import TaskContext
+from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
 from treadle.authoring.loader import load_file, load_folder
 from treadle.authoring.specs import Dag
 from treadle.worker.protocol import Message, error_message, receive, send
@@ -72,6 +72,7 @@ def _context(msg: Message, manifest_path: str | None) -> TaskContext:
         manifest=msg.get("manifest") or {},
         manifest_path=manifest_path,
         upstream_results=msg.get("upstream_results") or {},
+        outlets=tuple(msg.get("outlets") or ()),
     )
 
 
@@ -111,8 +112,13 @@ def run_task(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message
 
 
 def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tuple[str, ...]) -> Message:
-    """Run one task callable; return {"ok": True, "value": ...} or an error description."""
+    """Run one task callable; return {"ok": True, "value": ...} or an error description.
+
+    A success reply also carries "outlet_events" (dataset -> {"version", "metadata"}) when the
+    task annotated its outlet events through `context.outlet_event`.
+    """
     roots = user_roots
+    context: TaskContext | None = None
     try:
         node = dag.tasks.get(msg["task_id"])
         if node is None:
@@ -120,7 +126,8 @@ def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tupl
         kwargs: dict[str, Any] = dict(msg.get("kwargs") or {})
         with _manifest_file(msg) as manifest_path:
             if node.takes_context:
-                kwargs["context"] = _context(msg, manifest_path)
+                context = _context(msg, manifest_path)
+                kwargs["context"] = context
             value = node.fn(*(msg.get("args") or []), **kwargs)
     except Exception as exc:
         return {"ok": False, **error_message(exc, user_roots=roots)}
@@ -131,24 +138,52 @@ def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tupl
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         # The same code returns the same value again: retrying cannot help.
-        return {
-            "ok": False,
-            "error_type": "ResultNotSerializable",
-            "frame": "",
-            "message": f"task {msg['task_id']!r} returned a value that is not strict JSON: {exc}",
-            "traceback": "",
-            "retryable": False,
-        }
+        return _not_retryable(
+            "ResultNotSerializable",
+            f"task {msg['task_id']!r} returned a value that is not strict JSON: {exc}",
+        )
     if len(encoded) > max_result_bytes:
-        return {
-            "ok": False,
-            "error_type": "ResultTooLarge",
-            "frame": "",
-            "message": f"result is {len(encoded)} bytes; the limit is {max_result_bytes}",
-            "traceback": "",
-            "retryable": False,
-        }
-    return {"ok": True, "value": value}
+        return _not_retryable(
+            "ResultTooLarge", f"result is {len(encoded)} bytes; the limit is {max_result_bytes}"
+        )
+    reply: Message = {"ok": True, "value": value}
+    if context is not None and context.outlet_events:
+        problem = _outlet_events_problem(context.outlet_events)
+        if problem is not None:
+            return problem
+        reply["outlet_events"] = context.outlet_events
+    return reply
+
+
+def _outlet_events_problem(events: dict[str, dict[str, Any]]) -> Message | None:
+    """The error reply for outlet metadata that is not strict JSON or over the limit, else None."""
+    for name, event in sorted(events.items()):
+        try:
+            size = len(json.dumps(event.get("metadata") or {}, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            return _not_retryable(
+                "OutletMetadataNotSerializable",
+                f"metadata of the outlet event on dataset {name!r} is not strict JSON: {exc}",
+            )
+        if size > MAX_OUTLET_METADATA_BYTES:
+            return _not_retryable(
+                "OutletMetadataTooLarge",
+                f"metadata of the outlet event on dataset {name!r} is {size} bytes serialized; "
+                f"the limit is {MAX_OUTLET_METADATA_BYTES}",
+            )
+    return None
+
+
+def _not_retryable(error_type: str, message: str) -> Message:
+    """An error reply that the retry policy must not retry (the same code fails the same way)."""
+    return {
+        "ok": False,
+        "error_type": error_type,
+        "frame": "",
+        "message": message,
+        "traceback": "",
+        "retryable": False,
+    }
 
 
 def run_callback(cache: DagCache, msg: Message) -> Message:

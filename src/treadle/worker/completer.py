@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from treadle.domain.records import ClaimedTask
+from treadle.engine.datasets import OutletEvent
 from treadle.engine.execution import Ending, complete_attempt, complete_attempts
 from treadle.store.database import Database
 
@@ -26,10 +28,11 @@ MAX_BATCH = 64
 class _Pending:
     """One success waiting to be written, and the slot waiting for its outcome."""
 
-    __slots__ = ("done", "ending", "error", "task", "value")
+    __slots__ = ("done", "ending", "error", "outlet_events", "task", "value")
 
-    def __init__(self, task: ClaimedTask, value: Any) -> None:
+    def __init__(self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]) -> None:
         self.task, self.value = task, value  # Any: the task's JSON result
+        self.outlet_events = outlet_events
         self.done = threading.Event()
         self.ending: Ending | None = None
         self.error: BaseException | None = None
@@ -43,9 +46,12 @@ class Completer(threading.Thread):
         self.db, self.worker_id, self.hostname = db, worker_id, hostname
         self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
 
-    def complete(self, task: ClaimedTask, value: Any) -> Ending:
-        """Record a success and return how it was taken; raises what writing it raised."""
-        pending = _Pending(task, value)
+    def complete(
+        self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent] | None = None
+    ) -> Ending:
+        """Record a success (with its outlet annotations) and return how it was taken; raises what
+        writing it raised."""
+        pending = _Pending(task, value, outlet_events or {})
         self._queue.put(pending)
         pending.done.wait()
         if pending.error is not None:
@@ -67,7 +73,7 @@ class Completer(threading.Thread):
         try:
             endings = complete_attempts(
                 self.db,
-                [(p.task, p.value) for p in batch],
+                [(p.task, p.value, p.outlet_events) for p in batch],
                 worker_id=self.worker_id,
                 hostname=self.hostname,
             )
@@ -82,7 +88,12 @@ class Completer(threading.Thread):
                     self._finish(
                         p,
                         complete_attempt(
-                            self.db, p.task, worker_id=self.worker_id, hostname=self.hostname, value=p.value
+                            self.db,
+                            p.task,
+                            worker_id=self.worker_id,
+                            hostname=self.hostname,
+                            value=p.value,
+                            outlet_events=p.outlet_events,
                         ),
                     )
                 except Exception as one:

@@ -71,4 +71,6 @@ def run_message(task: ClaimedTask, version: DagVersion) -> Message:
         "version_hash": version.version_hash,
         "args": [resolve(a) for a in definition.args],
         "kwargs": {k: resolve(v) for k, v in definition.kwargs.items()},
+        # Datasets the task may annotate through `context.outlet_event`.
+        "outlets": list(definition.outlets),
     }

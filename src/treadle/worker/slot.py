@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
+from treadle.engine.datasets import OutletEvent, parse_outlet_events
 from treadle.engine.execution import Ending, complete_attempt, fail_attempt
 from treadle.store.database import Database
 from treadle.worker.child import child_main
@@ -94,13 +95,14 @@ class Slot(threading.Thread):
         max_result_bytes: int,
         version: Callable[[int], DagVersion],
         on_idle: Callable[[Slot], None],
-        complete: Callable[[ClaimedTask, Any], Ending] | None = None,
+        complete: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent]], Ending] | None = None,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
         self.db, self.worker_id, self.hostname = db, worker_id, hostname
         self.version = version
         self.on_idle = on_idle
-        #: Records a success (the worker's shared Completer); by default its own transaction.
+        #: Records a success with its outlet annotations (the worker's shared Completer); by
+        #: default in its own transaction.
         self.complete = complete or self._complete_alone
         self.child = ChildProcess(folder, max_result_bytes)
         self.running: Running | None = None
@@ -161,8 +163,14 @@ class Slot(threading.Thread):
         if outcome is None:
             return  # revoked: another party owns the attempt now
         if outcome.get("ok"):
-            self.complete(task, outcome.get("value"))  # a lost attempt's report is discarded there
-            return
+            try:
+                annotations = parse_outlet_events(outcome.get("outlet_events"))
+            except ValueError as exc:
+                outcome = _invalid_outlet_events(str(exc))
+            else:
+                # A lost attempt's report is discarded there.
+                self.complete(task, outcome.get("value"), annotations)
+                return
         kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
         error = to_attempt_error(outcome)
         ending = fail_attempt(
@@ -175,8 +183,17 @@ class Slot(threading.Thread):
         )
         self._callback(ending, definition.has_on_retry, definition.has_on_dead_letter, message, error)
 
-    def _complete_alone(self, task: ClaimedTask, value: Any) -> Ending:
-        return complete_attempt(self.db, task, worker_id=self.worker_id, hostname=self.hostname, value=value)
+    def _complete_alone(
+        self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]
+    ) -> Ending:
+        return complete_attempt(
+            self.db,
+            task,
+            worker_id=self.worker_id,
+            hostname=self.hostname,
+            value=value,
+            outlet_events=outlet_events,
+        )
 
     def _exchange(self, message: Message, deadline: float | None, current: Running) -> Message | None:
         """Send an attempt to the child and wait for its reply, the deadline, or revocation."""
@@ -245,3 +262,15 @@ class Slot(threading.Thread):
                 self.child.restart()
         except (EOFError, OSError):
             self.child.restart()
+
+
+def _invalid_outlet_events(problem: str) -> Message:
+    """The failure of an attempt whose reply carried malformed outlet annotations (not retried)."""
+    return {
+        "ok": False,
+        "error_type": "OutletEventInvalid",
+        "message": problem,
+        "frame": "",
+        "traceback": "",
+        "retryable": False,
+    }

@@ -1,0 +1,66 @@
+"""`treadle datasets`: datasets (assets), the tasks that produce them and the DAGs they schedule."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from treadle.cli.main import Context, cli, pass_context
+from treadle.cli.render import emit_json, fmt_time, table
+from treadle.engine import datasets
+
+#: Characters of an event's metadata shown in a table cell (`--json` shows all of it).
+EXTRA_PREVIEW_CHARS = 80
+
+
+@cli.group("datasets")
+def datasets_group() -> None:
+    """Datasets: events recorded by tasks with `outlets=`, consumed by DAGs with `schedule=[Dataset]`."""
+
+
+@datasets_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def list_cmd(ctx: Context, as_json: bool) -> None:
+    """List datasets: events, the last one, producing tasks and consuming DAGs."""
+    found = datasets.list_datasets(ctx.db)
+    if as_json:
+        emit_json(found)
+        return
+    table(
+        "Datasets",
+        ["dataset", "events", "last event", "last event at", "producers", "consumers"],
+        [
+            (
+                d.name,
+                d.events,
+                d.last_event_id,
+                fmt_time(d.last_event_at),
+                ", ".join(d.producers) or None,
+                ", ".join(f"{c} (paused)" if c in d.paused_consumers else c for c in d.consumers) or None,
+            )
+            for d in found
+        ],
+    )
+
+
+@datasets_group.command("events")
+@click.argument("name")
+@click.option("--limit", default=50, show_default=True, help="How many of the newest events.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def events_cmd(ctx: Context, name: str, limit: int, as_json: bool) -> None:
+    """Show the newest events of dataset NAME, newest first."""
+    found = datasets.dataset_events(ctx.db, name, limit=limit)
+    if as_json:
+        emit_json(found)
+        return
+    rows = []
+    for e in found:
+        extra = json.dumps(e.extra, sort_keys=True) if e.extra else None
+        if extra is not None and len(extra) > EXTRA_PREVIEW_CHARS:
+            extra = extra[: EXTRA_PREVIEW_CHARS - 1] + "…"
+        task = f"{e.dag_id}.{e.task_id}" if e.dag_id else None
+        rows.append((e.id, fmt_time(e.created_at), e.run_id, task, e.version, extra))
+    table(f"Events of {name}", ["id", "time", "run", "task", "version", "extra"], rows)
