@@ -1,7 +1,7 @@
 """Database fixtures: a fresh SQLite file, PostgreSQL database or MariaDB database per test.
 
 PostgreSQL comes from TREADLE_TEST_PG_URL (default: the machine's server, database `test`).
-Each test gets `CREATE DATABASE ... TEMPLATE treadle_template`, migrated once per session.
+Each test gets `CREATE DATABASE ... TEMPLATE treadle_template_<pid>`, migrated once per session.
 MariaDB/MySQL comes from TREADLE_TEST_MYSQL_URL; it has no template databases, so each test
 gets a new database whose tables are copied (`CREATE TABLE ... LIKE`) from one migrated once.
 A missing server skips those tests locally and fails them when CI is set.
@@ -25,7 +25,8 @@ from treadle.store import migrate
 from treadle.store.database import Database
 
 PG_ADMIN_URL = os.environ.get("TREADLE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-TEMPLATE = "treadle_template"
+#: Per test session, so sessions running side by side never drop each other's template.
+TEMPLATE = f"treadle_template_{os.getpid()}"
 MYSQL_ADMIN_URL = os.environ.get("TREADLE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
 
@@ -39,8 +40,8 @@ def _admin() -> psycopg.Connection:
 
 
 @pytest.fixture(scope="session")
-def pg_template() -> str:
-    """Create (once per session) a migrated template database; returns its name."""
+def pg_template() -> Iterator[str]:
+    """Create (once per session) a migrated template database; yields its name."""
     try:
         conn = _admin()
     except psycopg.OperationalError as exc:
@@ -53,7 +54,9 @@ def pg_template() -> str:
     db = Database(_pg_url(TEMPLATE))
     migrate.upgrade(db)
     db.dispose()
-    return TEMPLATE
+    yield TEMPLATE
+    with _admin() as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
 
 
 @pytest.fixture

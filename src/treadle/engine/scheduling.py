@@ -62,6 +62,8 @@ class FireReport:
     #: Schedules looked at (a full batch means more may be due).
     examined: int = 0
     created: list[RunInfo] = field(default_factory=list)
+    #: Database time the pass looked for due schedules at: later fire times are not handled yet.
+    now: datetime | None = None
 
 
 def fire_due_schedules(
@@ -78,7 +80,7 @@ def fire_due_schedules(
         now = db_now(conn)
         if not lease_store.hold(conn, LEADER_LEASE, holder=holder, epoch=epoch, now=now):
             raise NotLeader(f"{holder} no longer leads at epoch {epoch}")
-        report = FireReport()
+        report = FireReport(now=now)
         due = schedule_store.due(conn, now=now, limit=limit)
         report.examined = len(due)
         if not due:
@@ -239,11 +241,16 @@ def _plan(row: schedule_store.ScheduleRow, active: int, *, now: datetime) -> _Pl
     return plan
 
 
-def next_wakeup(db: Database) -> tuple[datetime, datetime | None]:
-    """The database's now and the earliest future fire time of an unpaused schedule."""
+def next_wakeup(db: Database, *, handled_until: datetime | None) -> tuple[datetime, datetime | None]:
+    """The database's now and the earliest fire time of an unpaused schedule after
+    `handled_until` (the time the last firing pass looked at; default now).
+
+    A slot that fell due while the pass ran is after `handled_until` and at or before now: the
+    caller wakes at once instead of sleeping past it.
+    """
 
     def work(conn: Connection) -> tuple[datetime, datetime | None]:
         now = db_now(conn)
-        return now, schedule_store.next_wakeup(conn, after=now)
+        return now, schedule_store.next_wakeup(conn, after=handled_until or now)
 
     return db.query(work)

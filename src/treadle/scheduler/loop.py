@@ -100,6 +100,7 @@ class Scheduler:
             total.slots_skipped += report.slots_skipped
             total.blocked += report.blocked
             total.examined += report.examined
+            total.now = report.now
             if report.runs_created:
                 log.info(
                     "runs created",
@@ -134,7 +135,7 @@ class Scheduler:
         if not self.leadership.is_leader():
             return max(0.0, self.next_lease_at - time.monotonic())
         try:
-            self.fire()
+            fired = self.fire()
             if time.monotonic() >= self.next_tick_at:
                 self.next_tick_at = time.monotonic() + self.tick_s
                 changes = {**self.lead_tick(), **self.tick()}
@@ -145,7 +146,7 @@ class Scheduler:
             self.next_lease_at = 0.0
             return 0.0
         wake = min(self.next_lease_at, self.next_tick_at) - time.monotonic()
-        db_now, next_fire = next_wakeup(self.db)
+        db_now, next_fire = next_wakeup(self.db, handled_until=fired.now)
         if next_fire is not None:
             wake = min(wake, (next_fire - db_now).total_seconds())
         return max(0.0, wake)
