@@ -23,6 +23,10 @@ from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
 from treadle.store.database import Database, db_now
 
+#: Backfill task instances are claimed after every live one (same relative order among
+#: themselves): a backfill catches up in the slots live work leaves free.
+BACKFILL_PRIORITY_OFFSET = 1_000_000
+
 #: Largest accepted trigger conf, serialized.
 MAX_CONF_BYTES = 64 * 1024
 
@@ -128,11 +132,14 @@ def new_run(
         backfill_id=backfill_id,
         leader_epoch=leader_epoch,
     )
-    return run, _task_instance_rows(structure, run, default_queue_timeout_s=default_queue_timeout_s)
+    offset = -BACKFILL_PRIORITY_OFFSET if run_type is RunType.BACKFILL else 0
+    return run, _task_instance_rows(
+        structure, run, default_queue_timeout_s=default_queue_timeout_s, priority_offset=offset
+    )
 
 
 def _task_instance_rows(
-    structure: DagStructure, run: RunInfo, *, default_queue_timeout_s: float
+    structure: DagStructure, run: RunInfo, *, default_queue_timeout_s: float, priority_offset: int = 0
 ) -> list[dict[str, Any]]:
     rows = []
     for task_id, t in structure.tasks.items():
@@ -149,7 +156,7 @@ def _task_instance_rows(
                 "budget_base": 0,
                 "orphaned_count": 0,
                 "queue": t.queue,
-                "priority_weight": t.priority_weight,
+                "priority_weight": t.priority_weight + priority_offset,
                 "upstream_total": len(t.upstream),
                 "upstream_done": 0,
                 "queued_at": run.created_at if is_root else None,
