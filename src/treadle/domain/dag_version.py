@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -150,7 +151,9 @@ class DagStructure:
             owner=data.get("owner", "treadle"),
             description=data.get("description", ""),
             tags=tuple(data.get("tags", ())),
-            schedule=ScheduleSpec.from_json(data["schedule"]) if data.get("schedule") else None,
+            schedule=_schedule_from_json(json.dumps(data["schedule"], sort_keys=True))
+            if data.get("schedule")
+            else None,
             params_schema=data.get("params_schema"),
             fileloc=data.get("fileloc", ""),
             max_active_tasks=data.get("max_active_tasks"),
@@ -175,6 +178,12 @@ class DagStructure:
         return transitive_downstream(self.downstream(), task_id)
 
 
+@functools.lru_cache(maxsize=4096)
+def _schedule_from_json(text: str) -> ScheduleSpec:
+    """Parse (and validate) a stored schedule once per distinct spec: many DAGs share one."""
+    return ScheduleSpec.from_json(json.loads(text))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DagVersion:
     """A registered version: its structure plus the derived maps the hot path needs, computed once."""
@@ -185,12 +194,12 @@ class DagVersion:
     downstream: dict[str, list[str]]
 
     @staticmethod
-    def of(version_id: int, structure: DagStructure) -> DagVersion:
-        """Derive the hash and downstream map of a structure."""
+    def of(version_id: int, structure: DagStructure, *, version_hash: str | None = None) -> DagVersion:
+        """Derive the downstream map (and the hash, unless the stored one is given) of a structure."""
         return DagVersion(
             id=version_id,
             structure=structure,
-            version_hash=structure.content_hash(),
+            version_hash=version_hash or structure.content_hash(),
             downstream=structure.downstream(),
         )
 

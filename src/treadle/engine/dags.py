@@ -49,8 +49,8 @@ def version_of(db: Database, conn: Connection, version_id: int) -> DagVersion:
     """Return a DAG version, cached per database (versions are immutable)."""
     found = db.version_cache.get(version_id)
     if found is None:
-        structure = dag_store.get_structure(conn, version_id)
-        found = db.version_cache[version_id] = DagVersion.of(version_id, structure)
+        versions_of(db, conn, [version_id])
+        found = db.version_cache[version_id]
     return found
 
 
@@ -59,6 +59,6 @@ def versions_of(db: Database, conn: Connection, version_ids: Iterable[int]) -> d
     wanted = set(version_ids)
     missing = sorted(v for v in wanted if v not in db.version_cache)
     if missing:
-        for version_id, structure in dag_store.get_structures(conn, missing).items():
-            db.version_cache[version_id] = DagVersion.of(version_id, structure)
-    return {v: version_of(db, conn, v) for v in wanted}
+        for version_id, (structure, digest) in dag_store.get_structures(conn, missing).items():
+            db.version_cache[version_id] = DagVersion.of(version_id, structure, version_hash=digest)
+    return {v: db.version_cache[v] for v in wanted}

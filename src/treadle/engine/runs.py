@@ -189,7 +189,7 @@ def finish_idle_runs(db: Database, *, limit: int = 500) -> int:
     def work(conn: Connection) -> int:
         return sum(
             finish_run_if_done(conn, run_id) is not None
-            for run_id in run_store.running_run_ids(conn, limit=limit)
+            for run_id in run_store.idle_running_run_ids(conn, limit=limit)
         )
 
     return db.transact(work)

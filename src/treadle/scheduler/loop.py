@@ -88,7 +88,14 @@ class Scheduler:
         """Create the runs of every due schedule slot (batch after batch); leader only."""
         epoch = self.leadership.epoch
         total = FireReport()
-        while epoch is not None and self.leadership.is_leader() and not self.stopping.is_set():
+        while epoch is not None and not self.stopping.is_set():
+            if time.monotonic() >= self.next_lease_at:
+                # A long burst renews the lease between batches instead of letting it lapse.
+                if not self.leadership.refresh() or self.leadership.epoch != epoch:
+                    break
+                self.next_lease_at = time.monotonic() + self.leadership.renew_every_s
+            if not self.leadership.is_leader():
+                break
             report = fire_due_schedules(
                 self.db,
                 holder=self.holder,

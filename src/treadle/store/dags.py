@@ -133,9 +133,11 @@ def set_paused(conn: Connection, dag_id: str, *, paused: bool, now: datetime) ->
     return True
 
 
-def get_structures(conn: Connection, version_ids: list[int]) -> dict[int, DagStructure]:
-    """Return the structures of several DAG versions, by version id."""
+def get_structures(conn: Connection, version_ids: list[int]) -> dict[int, tuple[DagStructure, str]]:
+    """Return the structures of several DAG versions with their stored hashes, by version id."""
     rows = conn.execute(
-        sa.select(dag_versions.c.id, dag_versions.c.structure).where(dag_versions.c.id.in_(version_ids))
+        sa.select(dag_versions.c.id, dag_versions.c.structure, dag_versions.c.version_hash).where(
+            dag_versions.c.id.in_(version_ids)
+        )
     )
-    return {r.id: DagStructure.from_json(r.structure) for r in rows}
+    return {r.id: (DagStructure.from_json(r.structure), r.version_hash) for r in rows}

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -172,3 +173,36 @@ def insert_ignore(conn: Connection, table: sa.Table) -> Any:
 def lock_row(stmt: SelectT, conn: Connection) -> SelectT:
     """`SELECT ... FOR UPDATE` where rows can be locked (SQLite's writer lock already serialises)."""
     return stmt if conn.dialect.name == "sqlite" else stmt.with_for_update()
+
+
+def insert_many(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert many rows that all have the same keys, in the caller's transaction.
+
+    On PostgreSQL the rows go straight to psycopg's pipelined executemany: SQLAlchemy's
+    per-row parameter processing cost more than the database's work for a burst of runs.
+    Values must already be what the columns store (aware UTC datetimes, JSON-able dicts).
+    Elsewhere it is SQLAlchemy's executemany.
+    """
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        conn.execute(sa.insert(table), list(rows))
+        return
+    columns = list(rows[0])
+    as_json = [isinstance(table.c[c].type, sa.JSON) for c in columns]
+    quote = conn.dialect.identifier_preparer.quote
+    sql = (
+        f"INSERT INTO {quote(table.name)} ({', '.join(quote(c) for c in columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))})"
+    )
+    params = [
+        tuple(
+            Jsonb(row[c]) if j and row[c] is not None else row[c]
+            for c, j in zip(columns, as_json, strict=True)
+        )
+        for row in rows
+    ]
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor:
+        cursor.executemany(sql, params)

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.records import RunInfo
 from treadle.domain.states import ACTIVE_TASK_STATES, RunState
+from treadle.store import dialects
 from treadle.store.tables import dag_runs, task_instances
 
 
@@ -23,7 +24,9 @@ def insert_runs(conn: Connection, runs: list[RunInfo]) -> None:
     """Insert new run rows in one statement."""
     if runs:
         # Shallow: asdict() would deep-copy every manifest.
-        conn.execute(sa.insert(dag_runs), [{f.name: getattr(r, f.name) for f in _RUN_FIELDS} for r in runs])
+        dialects.insert_many(
+            conn, dag_runs, [{f.name: getattr(r, f.name) for f in _RUN_FIELDS} for r in runs]
+        )
 
 
 _RUN_FIELDS = fields(RunInfo)
@@ -89,11 +92,15 @@ def set_run_state(conn: Connection, run_id: str, *, expected: RunState, new: Run
     return bool(result.rowcount)
 
 
-def running_run_ids(conn: Connection, *, limit: int) -> list[str]:
-    """Return ids of runs in state running (oldest first)."""
+def idle_running_run_ids(conn: Connection, *, limit: int) -> list[str]:
+    """Running runs (oldest first) with no task instance left to finish, found in one statement."""
+    active = sa.select(task_instances.c.id).where(
+        task_instances.c.run_id == dag_runs.c.run_id,
+        task_instances.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
+    )
     stmt = (
         sa.select(dag_runs.c.run_id)
-        .where(dag_runs.c.state == RunState.RUNNING.value)
+        .where(dag_runs.c.state == RunState.RUNNING.value, ~active.exists())
         .order_by(dag_runs.c.created_at)
         .limit(limit)
     )

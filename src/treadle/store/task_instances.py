@@ -43,13 +43,8 @@ def stamp(now: datetime | None, *, plus: timedelta | None = None) -> Any:
 
 
 def insert_task_instances(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert the task instances of new runs (columns of `task_instances`).
-
-    One executemany: psycopg pipelines it (multi-row VALUES measured slower: psycopg re-parses
-    each long statement).
-    """
-    if rows:
-        conn.execute(sa.insert(ti), rows)
+    """Insert the task instances of new runs (columns of `task_instances`; see insert_many)."""
+    dialects.insert_many(conn, ti, rows)
 
 
 def claim(
