@@ -33,7 +33,7 @@ from treadle.engine.cancellation import cancel_run
 from treadle.engine.clearing import clear_in_transaction
 from treadle.engine.dags import version_of
 from treadle.engine.runs import new_run
-from treadle.engine.schedules import timetable_of
+from treadle.engine.schedules import fires_of
 from treadle.engine.scheduling import LEADER_LEASE, NotLeader
 from treadle.errors import DagNotFound, InvalidRequest, TreadleError
 from treadle.store import audit, dialects
@@ -651,7 +651,7 @@ def _ready(
             except ParamsInvalid as exc:
                 problem = f"the params of DAG {b.dag_id!r} have no valid defaults: {exc}"
             else:
-                return _Ready(version=version, table=timetable_of(spec.to_json()), params=params)
+                return _Ready(version=version, table=fires_of(spec).table, params=params)
     if backfill_store.set_state(conn, b.id, expected=["running"], new="paused", now=now):
         audit.record(
             conn,

@@ -23,11 +23,6 @@ def _timetable(spec_json: str) -> Timetable:
     return Timetable(ScheduleSpec.from_json(json.loads(spec_json)))
 
 
-def timetable_of(spec: dict[str, Any]) -> Timetable:
-    """The Timetable of a stored spec, parsed once per distinct spec."""
-    return _timetable(json.dumps(spec, sort_keys=True))
-
-
 def initial_next_fire(spec: ScheduleSpec, *, last_fire_at: datetime | None, now: datetime) -> datetime | None:
     """Where a schedule's next fire time stands when its spec is (re)registered.
 
@@ -159,10 +154,10 @@ class Fires:
 
     __slots__ = ("key", "spec", "table")
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.key = json.dumps(spec, sort_keys=True)
+    def __init__(self, spec: ScheduleSpec) -> None:
+        self.key = json.dumps(spec.to_json(), sort_keys=True)
         self.table = _timetable(self.key)
-        self.spec = self.table.spec
+        self.spec = spec
 
     def next_after(self, after: datetime) -> datetime:
         """First fire strictly after `after`."""
@@ -193,6 +188,6 @@ def _prev_before(key: str, at: datetime) -> datetime | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def fires_of(key: str) -> Fires:
-    """The memoised timetable view of a stored spec, by its canonical JSON."""
-    return Fires(json.loads(key))
+def fires_of(spec: ScheduleSpec) -> Fires:
+    """The memoised timetable view of a spec (specs are frozen, so equal specs share one)."""
+    return Fires(spec)

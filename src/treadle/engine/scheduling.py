@@ -10,14 +10,14 @@ skipped, never fired twice. Fire times come from the database clock only (F12).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.dag_version import DagVersion
 from treadle.domain.params import ParamsInvalid, resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunType
@@ -86,9 +86,13 @@ def fire_due_schedules(
         if not due:
             return report
         active = schedule_store.active_run_counts(conn, [s.dag_id for s in due], run_type=RunType.SCHEDULED)
+        versions = versions_of(db, conn, [s.latest_version_id for s in due])
         plans = []
         for row in due:
-            plan = _plan(row, active.get(row.dag_id, 0), now=now)
+            version = versions[row.latest_version_id]
+            if version.structure.schedule is None or not version.structure.schedule.is_timed:
+                continue  # re-registered without a timed schedule since: its row says so next pass
+            plan = _plan(row, version, active.get(row.dag_id, 0), now=now)
             report.slots_skipped += plan.skipped
             if plan.blocked:
                 report.blocked += 1
@@ -174,7 +178,8 @@ def _build_runs(
 
 @dataclass(slots=True)
 class _Plan:
-    row: schedule_store.ScheduleRow
+    row: schedule_store.DueRow
+    version: DagVersion
     #: Due slots that get runs: (fire time, data interval start), oldest first.
     fires: list[tuple[datetime, datetime]]
     last_fire_at: datetime | None
@@ -183,17 +188,17 @@ class _Plan:
     blocked: bool = False
 
 
-def _plan(row: schedule_store.ScheduleRow, active: int, *, now: datetime) -> _Plan:
+def _plan(row: schedule_store.DueRow, version: DagVersion, active: int, *, now: datetime) -> _Plan:
     """Which slots of one due schedule get runs now, and where its watermark moves.
 
     Fire times are consecutive, so the data interval of the fire after `f` starts at `f`:
     one next-fire and one previous-fire lookup per slot.
     """
-    assert row.next_fire_at is not None
-    fires = fires_of(json.dumps(row.spec, sort_keys=True))
-    spec = fires.spec
+    spec = version.structure.schedule
+    assert spec is not None
+    fires = fires_of(spec)
     first = row.next_fire_at
-    plan = _Plan(row, [], row.last_fire_at, first)
+    plan = _Plan(row, version, [], row.last_fire_at, first)
     room = spec.max_active_runs - active
     following = fires.next_after(first)
     if not spec.catchup and following <= now:
@@ -252,5 +257,22 @@ def next_wakeup(db: Database, *, handled_until: datetime | None) -> tuple[dateti
     def work(conn: Connection) -> tuple[datetime, datetime | None]:
         now = db_now(conn)
         return now, schedule_store.next_wakeup(conn, after=handled_until or now)
+
+    return db.query(work)
+
+
+def prefetch_versions(db: Database, *, within_s: float) -> int:
+    """Load (into the version cache) the DAG versions of schedules due within `within_s`.
+
+    Done while the leader waits, so a burst of first fires does not parse structures on the
+    clock. Returns how many versions were read.
+    """
+
+    def work(conn: Connection) -> int:
+        wanted = schedule_store.version_ids_due_by(conn, until=db_now(conn) + timedelta(seconds=within_s))
+        missing = [v for v in wanted if v not in db.version_cache]
+        if missing:
+            versions_of(db, conn, missing)
+        return len(missing)
 
     return db.query(work)

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -28,7 +29,13 @@ from treadle.engine.reaper import (
 )
 from treadle.engine.retention import PruneReport, prune
 from treadle.engine.runs import finish_idle_runs
-from treadle.engine.scheduling import FireReport, NotLeader, fire_due_schedules, next_wakeup
+from treadle.engine.scheduling import (
+    FireReport,
+    NotLeader,
+    fire_due_schedules,
+    next_wakeup,
+    prefetch_versions,
+)
 from treadle.store.database import Database
 
 log = logging.getLogger("treadle.scheduler")
@@ -37,6 +44,12 @@ log = logging.getLogger("treadle.scheduler")
 RETENTION_INTERVAL_S = 60.0
 #: Schedules fired per transaction; a full batch is followed by another at once.
 FIRE_BATCH = 500
+#: Firing passes run side by side during a burst (each on its own schedules).
+FIRE_PARALLEL = 2
+#: While idle, the leader reads the DAG versions of schedules due this soon (seconds) ...
+PREFETCH_AHEAD_S = 10.0
+#: ... when the next fire is at least this far away (seconds).
+PREFETCH_MIN_IDLE_S = 0.2
 #: Seconds between two attempts of a standby to take the leader lease.
 STANDBY_POLL_S = 0.5
 
@@ -71,6 +84,7 @@ class Scheduler:
         self.next_lease_at = 0.0
         self.next_tick_at = 0.0
         self.stopping = threading.Event()
+        self.fire_pool = ThreadPoolExecutor(max_workers=FIRE_PARALLEL, thread_name_prefix="treadle-fire")
 
     def tick(self) -> dict[str, int]:
         """Run one maintenance pass (deadlines, retries, runs); returns what it changed."""
@@ -85,9 +99,14 @@ class Scheduler:
         return changes
 
     def fire(self) -> FireReport:
-        """Create the runs of every due schedule slot (batch after batch); leader only."""
+        """Create the runs of every due schedule slot (batch after batch); leader only.
+
+        After a full batch (a burst), FIRE_PARALLEL passes run side by side, each on schedules
+        the others do not hold, so the database works on one batch while Python builds the next.
+        """
         epoch = self.leadership.epoch
         total = FireReport()
+        width = 1
         while epoch is not None and not self.stopping.is_set():
             if time.monotonic() >= self.next_lease_at:
                 # A long burst renews the lease between batches instead of letting it lapse.
@@ -96,25 +115,30 @@ class Scheduler:
                 self.next_lease_at = time.monotonic() + self.leadership.renew_every_s
             if not self.leadership.is_leader():
                 break
-            report = fire_due_schedules(
-                self.db,
-                holder=self.holder,
-                epoch=epoch,
-                default_queue_timeout_s=self.default_queue_timeout_s,
-                limit=FIRE_BATCH,
-            )
-            total.runs_created += report.runs_created
-            total.slots_skipped += report.slots_skipped
-            total.blocked += report.blocked
-            total.examined += report.examined
-            total.now = report.now
-            if report.runs_created:
-                log.info(
-                    "runs created",
-                    extra={"event": "scheduler.fired", "runs": report.runs_created, "epoch": epoch},
+
+            def one_pass(_: int, fenced_epoch: int = epoch) -> FireReport:
+                return fire_due_schedules(
+                    self.db,
+                    holder=self.holder,
+                    epoch=fenced_epoch,
+                    default_queue_timeout_s=self.default_queue_timeout_s,
+                    limit=FIRE_BATCH,
                 )
-            if report.examined < FIRE_BATCH or report.runs_created == 0:
+
+            reports = [one_pass(0)] if width == 1 else list(self.fire_pool.map(one_pass, range(width)))
+            for report in reports:
+                total.runs_created += report.runs_created
+                total.slots_skipped += report.slots_skipped
+                total.blocked += report.blocked
+                total.examined += report.examined
+            # Slots due after the earliest pass looked are not known to be handled.
+            total.now = min((r.now for r in reports if r.now is not None), default=None)
+            created = sum(r.runs_created for r in reports)
+            if created:
+                log.info("runs created", extra={"event": "scheduler.fired", "runs": created, "epoch": epoch})
+            if all(r.examined < FIRE_BATCH for r in reports) or created == 0:
                 break
+            width = FIRE_PARALLEL
         return total
 
     def trigger_datasets(self) -> dict[str, int]:
@@ -164,7 +188,10 @@ class Scheduler:
         wake = min(self.next_lease_at, self.next_tick_at) - time.monotonic()
         db_now, next_fire = next_wakeup(self.db, handled_until=fired.now)
         if next_fire is not None:
-            wake = min(wake, (next_fire - db_now).total_seconds())
+            until_fire = (next_fire - db_now).total_seconds()
+            if until_fire > PREFETCH_MIN_IDLE_S:
+                prefetch_versions(self.db, within_s=PREFETCH_AHEAD_S)
+            wake = min(wake, until_fire)
         return max(0.0, wake)
 
     def prune_step(self) -> PruneReport | None:
@@ -200,6 +227,7 @@ class Scheduler:
                 log.exception("scheduler step failed", extra={"event": "scheduler.step_error"})
                 delay = min(self.tick_s * 2**failures, 30.0) * (0.5 + random.random())
             self.stopping.wait(delay)
+        self.fire_pool.shutdown(wait=True)
         self.leadership.resign()
 
     def stop(self) -> None:

@@ -170,9 +170,10 @@ def insert_ignore(conn: Connection, table: sa.Table) -> Any:
     return insert(table).on_conflict_do_nothing()
 
 
-def lock_row(stmt: SelectT, conn: Connection) -> SelectT:
-    """`SELECT ... FOR UPDATE` where rows can be locked (SQLite's writer lock already serialises)."""
-    return stmt if conn.dialect.name == "sqlite" else stmt.with_for_update()
+def lock_row(stmt: SelectT, conn: Connection, *, shared: bool = False) -> SelectT:
+    """`SELECT ... FOR UPDATE` (or `FOR SHARE`) where rows can be locked (SQLite's writer lock
+    already serialises)."""
+    return stmt if conn.dialect.name == "sqlite" else stmt.with_for_update(read=shared)
 
 
 def insert_many(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]]) -> None:

@@ -59,11 +59,16 @@ def acquire(
 
 
 def hold(conn: Connection, name: str, *, holder: str, epoch: int, now: datetime) -> bool:
-    """Lock the lease row and confirm `holder` still holds it at `epoch` (the write fence)."""
+    """Lock the lease row (shared) and confirm `holder` still holds it at `epoch` (the write fence).
+
+    Shared, so several transactions of the one leader may hold it at once; a change of holder
+    (an UPDATE) waits until they have committed, and they see it once it has.
+    """
     row = conn.execute(
         dialects.lock_row(
             sa.select(leases.c.holder, leases.c.epoch, leases.c.expires_at).where(leases.c.name == name),
             conn,
+            shared=True,
         )
     ).first()
     return bool(

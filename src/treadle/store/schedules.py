@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from treadle.domain.states import RunState, RunType
+from treadle.store import dialects
 from treadle.store.tables import dag_runs, dags, schedules
 
 #: Run states that count against max_active_runs.
@@ -92,19 +93,38 @@ def put(
         conn.execute(sa.insert(schedules).values(dag_id=dag_id, **values))
 
 
-def due(conn: Connection, *, now: datetime, limit: int) -> list[ScheduleRow]:
-    """Timed schedules of unpaused DAGs whose next fire time has come, earliest first."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueRow:
+    """A due schedule: its watermark and the DAG version whose spec it follows."""
+
+    dag_id: str
+    last_fire_at: datetime | None
+    next_fire_at: datetime
+    latest_version_id: int
+
+
+def due(conn: Connection, *, now: datetime, limit: int) -> list[DueRow]:
+    """Timed schedules of unpaused DAGs whose next fire time has come, earliest first.
+
+    The spec is not read: it is the schedule of the DAG's latest version (registered with it),
+    which the caller has parsed and cached already.
+    """
     stmt = (
-        _select()
+        sa.select(
+            schedules.c.dag_id, schedules.c.last_fire_at, schedules.c.next_fire_at, dags.c.latest_version_id
+        )
+        .select_from(schedules.join(dags, dags.c.dag_id == schedules.c.dag_id))
         .where(
             schedules.c.next_fire_at <= now,
             schedules.c.kind.in_(["cron", "interval"]),
             dags.c.is_paused == sa.false(),
+            dags.c.latest_version_id.is_not(None),
         )
         .order_by(schedules.c.next_fire_at)
         .limit(limit)
     )
-    return [_row(r) for r in conn.execute(stmt)]
+    # Firing passes of the leader may run side by side: each takes schedules no other holds.
+    return [DueRow(**r._mapping) for r in conn.execute(dialects.lock_for_claim(stmt, conn, of=schedules))]
 
 
 def next_wakeup(conn: Connection, *, after: datetime) -> datetime | None:
@@ -186,3 +206,18 @@ def dataset_schedules(conn: Connection) -> list[ScheduleRow]:
 def all_rows(conn: Connection) -> dict[str, ScheduleRow]:
     """Every schedule row, by DAG id."""
     return {r.dag_id: _row(r) for r in conn.execute(_select())}
+
+
+def version_ids_due_by(conn: Connection, *, until: datetime) -> set[int]:
+    """Latest version ids of unpaused DAGs whose next fire time is at or before `until`."""
+    stmt = (
+        sa.select(dags.c.latest_version_id)
+        .select_from(schedules.join(dags, dags.c.dag_id == schedules.c.dag_id))
+        .where(
+            schedules.c.next_fire_at <= until,
+            dags.c.is_paused == sa.false(),
+            dags.c.latest_version_id.is_not(None),
+        )
+        .distinct()
+    )
+    return {int(v) for v in conn.execute(stmt).scalars()}
