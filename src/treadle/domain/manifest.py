@@ -8,11 +8,24 @@ environment variable `TREADLE_MANIFEST_FILE`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 #: Version of the manifest's layout; bumped when a key changes meaning.
 MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DatasetConsumption:
+    """The dataset events a dataset-triggered run consumed."""
+
+    #: The events listed one by one (bounded), oldest first. Any: JSON.
+    events: Sequence[Mapping[str, Any]] = ()
+    #: How many events were consumed in all (the list may be shorter).
+    total: int = 0
+    #: Per dataset: {"after_id", "through_id", "count"} of the consumed range. Any: JSON.
+    ranges: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def build_manifest(
@@ -28,7 +41,7 @@ def build_manifest(
     triggered_by: str,
     requested_at: datetime,
     backfill_id: int | None = None,
-    consumed_events: Sequence[Mapping[str, Any]] = (),
+    consumed: DatasetConsumption | None = None,
 ) -> dict[str, Any]:
     """Return the manifest of one run (a JSON object; datetimes as ISO-8601 UTC)."""
     manifest: dict[str, Any] = {
@@ -47,6 +60,8 @@ def build_manifest(
     }
     if backfill_id is not None:
         manifest["backfill_id"] = backfill_id
-    if consumed_events:
-        manifest["consumed_dataset_events"] = [dict(e) for e in consumed_events]
+    if consumed is not None:
+        manifest["consumed_dataset_events"] = [dict(e) for e in consumed.events]
+        manifest["consumed_dataset_events_total"] = consumed.total
+        manifest["consumed_dataset_ranges"] = {k: dict(v) for k, v in sorted(consumed.ranges.items())}
     return manifest

@@ -19,7 +19,7 @@ from treadle.domain.states import TERMINAL_RUN_STATES, RunState, TaskState
 from treadle.engine.dags import version_of
 from treadle.errors import InvalidRequest, RunNotFound, TreadleError
 from treadle.store import audit, dialects
-from treadle.store import backfills as clear_store
+from treadle.store import clearing as clear_store
 from treadle.store import runs as run_store
 from treadle.store.database import Database, db_now
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from treadle.domain.identifiers import is_dataset_name
+from treadle.domain.manifest import DatasetConsumption
 from treadle.domain.params import ParamsInvalid, resolve_params
 from treadle.domain.records import ClaimedTask, RunInfo
 from treadle.domain.states import RunType
@@ -249,7 +250,7 @@ def _dataset_run(
     firsts = [s.first_at for s in summaries.values()]
     lasts = [s.last_at for s in summaries.values()]
     interval = (min(firsts), max(lasts)) if firsts else (now, now)
-    run, instances = new_run(
+    return new_run(
         version,
         run_type=RunType.DATASET,
         logical_date=now,
@@ -260,19 +261,19 @@ def _dataset_run(
         now=now,
         default_queue_timeout_s=timeout_s,
         leader_epoch=epoch,
-        consumed_events=[_manifest_entry(e) for e in listed],
+        consumed=DatasetConsumption(
+            events=[_manifest_entry(e) for e in listed],
+            total=sum(s.count for s in summaries.values()),
+            ranges={
+                name: {
+                    "after_id": after,
+                    "through_id": through,
+                    "count": summaries[name].count if name in summaries else 0,
+                }
+                for name, (after, through) in ranges.items()
+            },
+        ),
     )
-    manifest = dict(run.manifest or {})
-    manifest["consumed_dataset_events_total"] = sum(s.count for s in summaries.values())
-    manifest["consumed_dataset_ranges"] = {
-        name: {
-            "after_id": after,
-            "through_id": through,
-            "count": summaries[name].count if name in summaries else 0,
-        }
-        for name, (after, through) in sorted(ranges.items())
-    }
-    return replace(run, manifest=manifest), instances
 
 
 def _listed_events(conn: Connection, ranges: Mapping[str, tuple[int, int]]) -> list[DatasetEventInfo]:

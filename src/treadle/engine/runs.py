@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure, DagVersion
-from treadle.domain.manifest import build_manifest
+from treadle.domain.manifest import DatasetConsumption, build_manifest
 from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunState, RunType, TaskState
@@ -93,7 +92,7 @@ def new_run(
     mode: str = "normal",
     backfill_id: int | None = None,
     leader_epoch: int | None = None,
-    consumed_events: Sequence[Mapping[str, Any]] = (),
+    consumed: DatasetConsumption | None = None,
 ) -> tuple[RunInfo, list[dict[str, Any]]]:
     """The row of a new running run (with its manifest) and the rows of its task instances."""
     structure = version.structure
@@ -110,7 +109,7 @@ def new_run(
         triggered_by=triggered_by,
         requested_at=now,
         backfill_id=backfill_id,
-        consumed_events=consumed_events,
+        consumed=consumed,
     )
     run = RunInfo(
         run_id=run_id,

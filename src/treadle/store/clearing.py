@@ -1,0 +1,103 @@
+"""Putting finished task instances of a run back to run again (the SQL of a clear)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from treadle.domain.states import TaskState
+from treadle.store import dialects
+from treadle.store.tables import UTCDateTime, dag_runs
+from treadle.store.tables import task_instances as ti
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceState:
+    """What a clear reads of one task instance (under a row lock)."""
+
+    id: int
+    task_id: str
+    map_index: int
+    state: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reset:
+    """One task instance to put back: from `expected` (at `attempt`) to queued or pending."""
+
+    id: int
+    expected: str
+    attempt: int
+    queued: bool
+    upstream_done: int
+
+
+def lock_instances(conn: Connection, run_id: str) -> list[InstanceState]:
+    """Every task instance of a run, locked for a clear."""
+    stmt = (
+        sa.select(ti.c.id, ti.c.task_id, ti.c.map_index, ti.c.state, ti.c.attempt)
+        .where(ti.c.run_id == run_id)
+        .order_by(ti.c.id)
+    )
+    return [InstanceState(**r._mapping) for r in conn.execute(dialects.lock_row(stmt, conn))]
+
+
+def lock_run_state(conn: Connection, run_id: str) -> str | None:
+    """The state of a run, its row locked until the transaction ends (None: no such run)."""
+    stmt = sa.select(dag_runs.c.state).where(dag_runs.c.run_id == run_id)
+    state: str | None = conn.execute(dialects.lock_row(stmt, conn)).scalar()
+    return state
+
+
+def reset_instances(conn: Connection, resets: Sequence[Reset], *, now: datetime) -> int:
+    """Put finished task instances back to queued or pending with a fresh retry budget.
+
+    Each row moves only from the state and attempt the caller read (compare-and-set); the
+    attempt number stays (history is kept, it is the fence) and becomes the budget base.
+    Returns how many rows moved.
+    """
+    moved = 0
+    stamp = sa.literal(now, UTCDateTime())
+    for r in resets:
+        values: dict[str, Any] = {
+            "state": (TaskState.QUEUED if r.queued else TaskState.PENDING).value,
+            "upstream_done": r.upstream_done,
+            "budget_base": ti.c.attempt,
+            "orphaned_count": 0,
+            "dead_letter_reason": None,
+            "ended_at": None,
+            "worker_id": None,
+            "lease_expires_at": None,
+            "timeout_at": None,
+            "next_attempt_at": None,
+            "queued_at": stamp if r.queued else None,
+            "dispatch_deadline": dialects.plus_seconds(conn, stamp, ti.c.queue_timeout_s)
+            if r.queued
+            else None,
+        }
+        result = conn.execute(
+            sa.update(ti)
+            .where(ti.c.id == r.id, ti.c.state == r.expected, ti.c.attempt == r.attempt)
+            .values(**values)
+        )
+        moved += result.rowcount
+    return moved
+
+
+def recount_pending(conn: Connection, counts: Sequence[tuple[int, int]]) -> int:
+    """Set the upstream counter of pending task instances: (id, succeeded upstreams) pairs."""
+    moved = 0
+    for instance_id, done in counts:
+        result = conn.execute(
+            sa.update(ti)
+            .where(ti.c.id == instance_id, ti.c.state == TaskState.PENDING.value)
+            .values(upstream_done=done)
+        )
+        moved += result.rowcount
+    return moved
