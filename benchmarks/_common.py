@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -584,3 +584,19 @@ def code_drift(at_start: dict[str, Any]) -> dict[str, Any]:
     """code_state() at the start, and whether the checkout changed while the benchmark ran."""
     now = code_state()
     return {**at_start, "changed_during_run": now != at_start, **({"at_end": now} if now != at_start else {})}
+
+
+def whole_second_after(t: datetime) -> datetime:
+    """The first whole second at or after `t`."""
+    floor = t.replace(microsecond=0)
+    return floor if floor == t else floor + timedelta(seconds=1)
+
+
+def wait_db_time(conn: psycopg.Connection[Any], until: datetime, procs: Processes, logs: list[Path]) -> None:
+    """Sleep until the database clock passes `until`, checking the processes now and then."""
+    while True:
+        left = (until - db_clock(conn)).total_seconds()
+        if left <= 0:
+            return
+        check_alive(procs, logs)
+        time.sleep(min(left, 1.0))

@@ -60,7 +60,9 @@ from _common import (
     set_paused_many,
     slot_audit,
     treadle_env,
+    wait_db_time,
     wait_for,
+    whole_second_after,
 )
 
 PREFIX = "bench_bfl"
@@ -151,22 +153,6 @@ def {BACKFILL_DAG}() -> None:
     value = step(0, 0)
 {chain}
 """
-
-
-def whole_second_after(t: datetime) -> datetime:
-    """The first whole second at or after `t`."""
-    floor = t.replace(microsecond=0)
-    return floor if floor == t else floor + timedelta(seconds=1)
-
-
-def wait_db_time(conn: psycopg.Connection[Any], until: datetime, procs: Processes, logs: list[Path]) -> None:
-    """Sleep until the database clock passes `until`, checking the processes now and then."""
-    while True:
-        left = (until - db_clock(conn)).total_seconds()
-        if left <= 0:
-            return
-        check_alive(procs, logs)
-        time.sleep(min(left, 1.0))
 
 
 def live_rows(conn: psycopg.Connection[Any], start: datetime, end: datetime) -> list[tuple[Any, ...]]:

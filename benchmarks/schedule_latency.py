@@ -35,13 +35,11 @@ import psycopg
 from _common import (
     CpuMeter,
     Processes,
-    check_alive,
     cli,
     code_drift,
     code_state,
     count_in_logs,
     cpu_seconds,
-    db_clock,
     dist_ms,
     emit,
     log_mentions,
@@ -53,27 +51,13 @@ from _common import (
     slot_audit,
     start_probed_scheduler,
     treadle_env,
+    wait_db_time,
     wait_for,
+    whole_second_after,
     write_scheduled_dags,
 )
 
 PREFIX = "bench_sl"
-
-
-def whole_second_after(t: datetime) -> datetime:
-    """The first whole second at or after `t`."""
-    floor = t.replace(microsecond=0)
-    return floor if floor == t else floor + timedelta(seconds=1)
-
-
-def wait_db_time(conn: psycopg.Connection[Any], until: datetime, procs: Processes, logs: list[Path]) -> None:
-    """Sleep until the database clock passes `until`, checking the processes now and then."""
-    while True:
-        left = (until - db_clock(conn)).total_seconds()
-        if left <= 0:
-            return
-        check_alive(procs, logs)
-        time.sleep(min(left, 1.0))
 
 
 def window_rows(conn: psycopg.Connection[Any], start: datetime, end: datetime) -> list[tuple[Any, ...]]:
