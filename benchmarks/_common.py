@@ -443,7 +443,7 @@ if profile_path:
                 profiler.dump_stats(f"{profile_path}.{int(began * 1000)}")
 
     loop.Scheduler.fire = profiled_fire
-for name in ("fire", "tick", "lead_tick", "step"):
+for name in ("fire", "tick", "trigger_datasets", "drain_backfills", "step"):
     if hasattr(loop.Scheduler, name):
         setattr(loop.Scheduler, name, timed(name, getattr(loop.Scheduler, name), True))
 loop.Leadership.refresh = timed("lease_refresh", loop.Leadership.refresh, True)

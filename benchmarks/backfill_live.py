@@ -30,8 +30,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -41,7 +39,6 @@ from typing import Any
 
 import psycopg
 from _common import (
-    SCHEDULER_PROBE,
     Processes,
     check_alive,
     cli,
@@ -59,6 +56,7 @@ from _common import (
     probe_summary,
     set_paused_many,
     slot_audit,
+    start_probed_scheduler,
     treadle_env,
     wait_db_time,
     wait_for,
@@ -70,26 +68,13 @@ BACKFILL_DAG = "bench_bfl_backfill"
 #: First logical date of the backfill (the backfill DAG's start_date; long past).
 BACKFILL_START = datetime(2025, 1, 1, tzinfo=UTC)
 TARGET_P99_MS = 250
-#: _common.SCHEDULER_PROBE, also timing the backfill drain (the leader's per-tick duty).
-PROBE = SCHEDULER_PROBE.replace(
-    'for name in ("fire", "tick", "step"):', 'for name in ("fire", "tick", "step", "lead_tick"):'
-).replace('"fire_due_schedules", "next_wakeup",', '"fire_due_schedules", "drain_backfills", "next_wakeup",')
 
 
 def start_scheduler(procs: Processes, env: dict[str, str], log_path: Path, probe: Path | None) -> Any:
-    """`treadle scheduler`, under PROBE (its phases timed into `probe`) when one is given."""
+    """`treadle scheduler`, its phases (backfill drain included) timed into `probe` when given."""
     if probe is None:
         return procs.start(["scheduler"], env, log_path)
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PROBE, str(probe)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    procs.procs.append(proc)
-    return proc
+    return start_probed_scheduler(procs, env, log_path, probe)
 
 
 def live_source(count: int, priority: int) -> str:
