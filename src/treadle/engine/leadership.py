@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
@@ -51,18 +50,18 @@ class Leadership:
         sent = time.monotonic()
         host_before = time.time()
 
-        def work(conn: Connection) -> tuple[int | None, datetime]:
+        def work(conn: Connection) -> tuple[int | None, float]:
             now = db_now(conn)
+            # Database minus host clock, the host side read around the database's.
             skew = now.timestamp() - (host_before + time.time()) / 2
             if abs(skew) > self.max_skew_s and self.epoch is None:
-                return None, now
+                return None, skew
             epoch = lease_store.acquire(
                 conn, LEADER_LEASE, holder=self.holder, epoch=self.epoch, lease_s=self.lease_s, now=now
             )
-            return epoch, now
+            return epoch, skew
 
-        epoch, db_time = self.db.transact(work)
-        self.skew_s = db_time.timestamp() - time.time()
+        epoch, self.skew_s = self.db.transact(work)
         if epoch is None:
             if abs(self.skew_s) > self.max_skew_s:
                 log.error(
