@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -60,14 +60,6 @@ def get(conn: Connection, dag_id: str) -> ScheduleRow | None:
     """Return the schedule of one DAG, or None."""
     row = conn.execute(_select().where(schedules.c.dag_id == dag_id)).first()
     return _row(row) if row else None
-
-
-def get_many(conn: Connection, dag_ids: Iterable[str]) -> dict[str, ScheduleRow]:
-    """Return the schedules of the given DAGs, by id."""
-    ids = sorted(set(dag_ids))
-    if not ids:
-        return {}
-    return {r.dag_id: _row(r) for r in conn.execute(_select().where(schedules.c.dag_id.in_(ids)))}
 
 
 def put(
