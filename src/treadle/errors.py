@@ -7,6 +7,8 @@ TreadleError
 ├── RunNotFound            no run with that id
 ├── TaskInstanceNotFound   no task instance with that id
 ├── InvalidRequest         input from a user that cannot be accepted (names the problem)
+│   └── RunCancelledError  a requeue would run work in a cancelled run (clear reopens it)
+├── ClearConflict          task instances moved while a clear read them (nothing applied)
 ├── SchemaOutOfDate        the database schema is not at the code's revision
 └── DatabaseUnavailable    the database cannot be reached (after retries)
 """
@@ -51,3 +53,22 @@ class SchemaOutOfDate(TreadleError):
 
 class DatabaseUnavailable(TreadleError):
     """The database cannot be reached."""
+
+
+class RunCancelledError(InvalidRequest):
+    """The run was cancelled: work in it is not requeued; `treadle tasks clear` reopens it."""
+
+    def __init__(self, *, run_id: str, task_id: str) -> None:
+        self.run_id, self.task_id = run_id, task_id
+        super().__init__(
+            f"run {run_id!r} was cancelled, so task {task_id!r} is not requeued into it; to run it "
+            f"again, reopen the run with `treadle tasks clear {run_id} {task_id}`"
+        )
+
+
+class ClearConflict(TreadleError):
+    """Task instances of a run changed while they were being cleared (nothing was applied)."""
+
+    def __init__(self, *, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"task instances of run {run_id!r} changed while being cleared; try again")

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 from treadle import Dataset, TaskContext, dag, task
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunState, RunType
+from treadle.domain.transitions import UseCase
 from treadle.engine import queries
 from treadle.engine.dags import sync_dags, version_of
 from treadle.engine.datasets import (
@@ -321,7 +322,12 @@ def test_max_active_runs_holds_events_for_a_later_run(db: Database) -> None:
 
     def finish(conn: Connection) -> None:
         assert run_store.set_run_state(
-            conn, first.run_id, expected=RunState.RUNNING, new=RunState.SUCCESS, now=db_now(conn)
+            conn,
+            first.run_id,
+            by=UseCase.CLOSE,
+            expected=RunState.RUNNING,
+            new=RunState.SUCCESS,
+            now=db_now(conn),
         )
 
     db.transact(finish)

@@ -13,6 +13,7 @@ from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, complete_attempt, hand_back_attempts
 from treadle.engine.reaper import enforce_execution_deadlines, expire_dispatch_deadlines, promote_due_retries
 from treadle.engine.workers import record_worker
+from treadle.store.database import db_now
 from treadle.store.tables import task_instances
 from treadle.testing import DagRunner
 
@@ -134,7 +135,7 @@ def test_hand_back_requeues_without_spending_a_retry(runner: DagRunner) -> None:
     }
 
 
-def test_a_deadline_that_passed_while_the_worker_was_gone_is_a_timeout(runner: DagRunner) -> None:
+def test_a_worker_that_died_before_the_deadline_is_lost_not_timed_out(runner: DagRunner) -> None:
     from treadle.engine.reaper import reap_expired_leases
 
     run_id = runner.trigger()
@@ -143,6 +144,37 @@ def test_a_deadline_that_passed_while_the_worker_was_gone_is_a_timeout(runner: D
     wait_for(lambda: reap_expired_leases(runner.db) == 2, timeout=10, message="both leases to expire")
 
     outcomes = {a.task_id: (a.outcome, a.error_type) for a in queries.run_detail(runner.db, run_id).attempts}
-    assert outcomes["bounded"] == ("timed_out", "TaskTimeout")  # 0.2 s deadline < 0.5 s lease
+    # The worker's last heartbeat (its claim) came before the 0.2 s deadline: it died, it did
+    # not overrun, so the attempt is lost and spends no retry (bounded has retries=0).
+    assert outcomes == {"bounded": ("lost", "LeaseExpired"), "plain": ("lost", "LeaseExpired")}
+    assert _state(runner, run_id, "bounded") == "retry_wait"
+    assert _state(runner, run_id, "plain") == "retry_wait"
+
+
+def test_a_deadline_that_passed_while_the_worker_still_heartbeated_is_a_timeout(runner: DagRunner) -> None:
+    from treadle.engine.execution import extend_leases
+    from treadle.engine.reaper import reap_expired_leases
+
+    run_id = runner.trigger()
+    claimed = claim_task_instances(
+        runner.db, worker_id="stuck", hostname="h", queues=["default"], limit=10, lease_s=0.5
+    )
+    held = [(t.task_instance_id, t.attempt) for t in claimed]
+
+    def overdue() -> bool:
+        with runner.db.read() as conn:
+            deadline = conn.execute(
+                sa.select(task_instances.c.timeout_at).where(task_instances.c.task_id == "bounded")
+            ).scalar_one()
+            return bool(deadline < db_now(conn))
+
+    wait_for(overdue, timeout=10, message="the 0.2 s deadline to pass")
+    # The worker is alive past the deadline (it renews), then goes silent.
+    assert extend_leases(runner.db, worker_id="stuck", held=held, lease_s=0.5) == set(held)
+    wait_for(lambda: reap_expired_leases(runner.db) == 2, timeout=10, message="both leases to expire")
+
+    outcomes = {a.task_id: (a.outcome, a.error_type) for a in queries.run_detail(runner.db, run_id).attempts}
+    assert outcomes["bounded"] == ("timed_out", "TaskTimeout")
     assert outcomes["plain"] == ("lost", "LeaseExpired")
+    assert _state(runner, run_id, "bounded") == "dead_letter"  # the overrun spent its only attempt
     assert _state(runner, run_id, "plain") == "retry_wait"  # a loss never spends the budget

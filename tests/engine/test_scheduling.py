@@ -12,6 +12,7 @@ from treadle import Param, TaskContext, dag, task
 from treadle.domain.params import ParamsInvalid
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunState
+from treadle.domain.transitions import UseCase
 from treadle.engine import queries
 from treadle.engine.dags import sync_dags
 from treadle.engine.leadership import Leadership
@@ -66,7 +67,7 @@ def _finish(db: Database, runs: list[RunInfo]) -> None:
         now = db_now(conn)
         for r in runs:
             assert run_store.set_run_state(
-                conn, r.run_id, expected=RunState.RUNNING, new=RunState.SUCCESS, now=now
+                conn, r.run_id, by=UseCase.CLOSE, expected=RunState.RUNNING, new=RunState.SUCCESS, now=now
             )
 
     db.transact(work)

@@ -55,7 +55,14 @@ def test_end_running_many_returns_only_the_rows_it_moved(db: Database) -> None:
         )
         ids = {r.task_id: r.id for r in conn.execute(sa.select(ti.c.id, ti.c.task_id))}
         claimed = ti_store.claim(
-            conn, worker_id="w", hostname="h", queues=["default"], limit=5, now=db_now(conn), lease_s=60
+            conn,
+            worker_id="w",
+            hostname="h",
+            queues=["default"],
+            limit=5,
+            start=5,
+            now=db_now(conn),
+            lease_s=60,
         )
     assert sorted(r.id for r in claimed) == sorted(ids.values())
     assert {r.attempt for r in claimed} == {1}

@@ -79,7 +79,10 @@ def requeue_cmd(ctx: Context, task_instance_id: int | None, fp: str | None, as_j
     if (task_instance_id is None) == (fp is None):
         raise InvalidRequest("give exactly one of TASK_INSTANCE_ID or --fingerprint")
     if fp is not None:
-        done = letters.requeue_fingerprint(ctx.db, fp)
+        group = letters.requeue_fingerprint(ctx.db, fp)
+        done = group.requeued
+        for instance_id, why in group.refused:
+            click.echo(f"not requeued: task instance {instance_id}: {why}", err=True)
     else:
         assert task_instance_id is not None
         done = [letters.requeue_dead_letter(ctx.db, task_instance_id)]

@@ -117,7 +117,8 @@ class ClaimedTask:
     orphaned_count: int
     dag_version_id: int
     logical_date: datetime
-    started_at: datetime
+    #: None while the attempt waits in a worker's buffer (claimed, not started).
+    started_at: datetime | None
     timeout_s: float | None
     #: The run's params (validated, defaults applied). Any: user JSON.
     conf: dict[str, Any] = field(default_factory=dict)

@@ -13,9 +13,10 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, RunState, TaskState
+from treadle.domain.transitions import UseCase
 from treadle.engine.dags import version_of
 from treadle.engine.execution import insert_attempt_record
-from treadle.engine.runs import finish_run_if_done
+from treadle.engine.runs import close_run_if_done
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import cancellation as cancel_store
@@ -62,6 +63,13 @@ def _cancel(
         raise InvalidRequest(f"task {task_id!r} of run {run_id!r} has already finished")
     now = db_now(conn)
     cancel_store.cancel_instances(conn, ids=[r.id for r in rows], now=now)
+    if task_id is None:
+        # Closing the run to cancelled follows the run protocol: under the run-row lock no
+        # reopener can commit, so instances a reopener made active before it are seen here.
+        run_store.lock_run_state(conn, run_id)
+        late = cancel_store.active_instances(conn, run_id=run_id, task_ids=None)
+        cancel_store.cancel_instances(conn, ids=[r.id for r in late], now=now)
+        rows = [*rows, *late]
     note = f"cancelled by {actor}" + (f": {reason}" if reason else "")
     running = [r for r in rows if r.state == TaskState.RUNNING.value]
     for r in running:
@@ -88,10 +96,9 @@ def _cancel(
             error=AttemptError(error_type="Cancelled", message=note, frame="treadle.cancel"),
         )
     if task_id is None:
-        run_store.set_run_state(conn, run_id, expected=RunState.RUNNING, new=RunState.CANCELLED, now=now)
-        run_store.set_run_state(conn, run_id, expected=RunState.QUEUED, new=RunState.CANCELLED, now=now)
+        run_store.set_run_state(conn, run_id, by=UseCase.CANCEL, new=RunState.CANCELLED, now=now)
     else:
-        finish_run_if_done(conn, run_id)
+        close_run_if_done(conn, run_id)
     audit.record(
         conn,
         at=now,

@@ -15,26 +15,18 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.graph import topological_order
-from treadle.domain.states import TERMINAL_RUN_STATES, RunState, TaskState
+from treadle.domain.states import TaskState
+from treadle.domain.transitions import UseCase, task_sources
 from treadle.engine.dags import version_of
-from treadle.errors import InvalidRequest, RunNotFound, TreadleError
+from treadle.engine.runs import reopen_run
+from treadle.errors import ClearConflict, InvalidRequest, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import clearing as clear_store
 from treadle.store import runs as run_store
 from treadle.store.database import Database, db_now
 
-#: States a task instance may be cleared from (pending: not started, reset harmlessly).
-CLEARABLE_STATES = frozenset(
-    s.value
-    for s in (
-        TaskState.SUCCESS,
-        TaskState.DEAD_LETTER,
-        TaskState.UPSTREAM_FAILED,
-        TaskState.CANCELLED,
-        TaskState.SKIPPED,
-        TaskState.PENDING,
-    )
-)
+#: States a task instance may be cleared from (the state machine's clear edges).
+CLEARABLE_STATES = frozenset(task_sources(UseCase.CLEAR, TaskState.QUEUED))
 #: Upstream states that keep a task from ever becoming ready.
 _BLOCKING = frozenset(
     s.value
@@ -42,10 +34,6 @@ _BLOCKING = frozenset(
 )
 #: Ended states that `only_failed` leaves alone.
 _GOOD = frozenset({TaskState.SUCCESS.value, TaskState.SKIPPED.value})
-
-
-class ClearConflict(TreadleError):
-    """A task instance changed while it was being cleared (nothing was applied; try again)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,11 +103,8 @@ def clear_in_transaction(
         unknown = sorted(set(task_ids) - set(tasks))
         if unknown:
             raise InvalidRequest(f"run {run_id!r} has no task {', '.join(map(repr, unknown))}")
-    # Instances first, then the run, as a completion locks them: a completion that closed the
-    # run before these locks were granted is seen in the run's state read after them.
+    # Instances first, then (in reopen_run) the run, in the order every party locks them.
     instances = clear_store.lock_instances(conn, run_id)
-    run_state = clear_store.lock_run_state(conn, run_id)
-    assert run_state is not None
     states = {i.task_id: i.state for i in instances}
     named = set(tasks) if task_ids is None else set(task_ids)
     if only_failed:
@@ -138,9 +123,8 @@ def clear_in_transaction(
     now = db_now(conn)
     moved = clear_store.reset_instances(conn, resets, now=now) + clear_store.recount_pending(conn, recounts)
     if moved != len(resets) + len(recounts):
-        raise ClearConflict(f"task instances of run {run_id!r} changed while being cleared; try again")
-    if run_state in TERMINAL_RUN_STATES:
-        run_store.set_run_state(conn, run_id, expected=RunState(run_state), new=RunState.RUNNING, now=now)
+        raise ClearConflict(run_id=run_id)
+    reopen_run(conn, run_id, now=now)
     audit.record(
         conn,
         at=now,

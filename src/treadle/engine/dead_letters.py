@@ -10,8 +10,10 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.graph import topological_order
 from treadle.domain.records import AttemptInfo, TaskInstanceInfo
-from treadle.domain.states import RunState, TaskState
+from treadle.domain.states import TaskState
+from treadle.domain.transitions import UseCase
 from treadle.engine.dags import version_of
+from treadle.engine.runs import reopen_run
 from treadle.errors import InvalidRequest, TaskInstanceNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
@@ -78,7 +80,12 @@ def group_dead_letters(letters: list[DeadLetter]) -> list[DeadLetterGroup]:
 
 
 def requeue_dead_letter(db: Database, task_instance_id: int) -> TaskInstanceInfo:
-    """Queue a dead letter again with a fresh retry budget; its downstream and run reopen."""
+    """Queue a dead letter again with a fresh retry budget; its downstream and run reopen.
+
+    A reopener of the run open/close protocol: the task-instance writes first, then
+    `reopen_run` locks the run and reopens it in the same transaction. A dead letter of a
+    cancelled run is refused (RunCancelledError): `tasks clear` reopens such a run explicitly.
+    """
 
     def work(conn: Connection) -> TaskInstanceInfo:
         found = ti_store.get_task_instance(conn, task_instance_id)
@@ -87,14 +94,18 @@ def requeue_dead_letter(db: Database, task_instance_id: int) -> TaskInstanceInfo
         if found.state != TaskState.DEAD_LETTER.value:
             raise InvalidRequest(f"task instance {task_instance_id} is {found.state}, not dead_letter")
         now = db_now(conn)
-        ti_store.requeue_dead_letter(conn, task_instance_id=task_instance_id, now=now)
+        if not ti_store.requeue_dead_letter(conn, task_instance_id=task_instance_id, now=now):
+            raise InvalidRequest(
+                f"task instance {task_instance_id} changed while it was being requeued; nothing was "
+                "applied (look at it again with `treadle runs show`)"
+            )
         run = run_store.get_run(conn, found.run_id)
         assert run is not None
         version = version_of(db, conn, run.dag_version_id)
         downstream = version.all_downstream(found.task_id)
         ti_store.reset_to_pending(conn, run_id=found.run_id, task_ids=downstream)
         _refail_blocked(conn, found.run_id, version.structure.upstream_map(), downstream, now)
-        run_store.set_run_state(conn, found.run_id, expected=RunState.FAILED, new=RunState.RUNNING, now=now)
+        reopen_run(conn, found.run_id, now=now, requeued_task=found.task_id)
         dialects.notify_ready(conn)
         updated = ti_store.get_task_instance(conn, task_instance_id)
         assert updated is not None
@@ -119,12 +130,30 @@ def _refail_blocked(
             states[task_id] = TaskState.UPSTREAM_FAILED.value
             blocked.append(task_id)
     if blocked:
-        ti_store.mark_upstream_failed(conn, run_id=run_id, task_ids=blocked, now=now)
+        ti_store.mark_upstream_failed(conn, run_id=run_id, task_ids=blocked, now=now, by=UseCase.REQUEUE)
 
 
-def requeue_fingerprint(db: Database, fp: str) -> list[TaskInstanceInfo]:
-    """Requeue every dead letter whose last attempt has this fingerprint."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupRequeue:
+    """What requeueing a fingerprint did: the instances requeued, and those refused with why."""
+
+    requeued: list[TaskInstanceInfo]
+    refused: list[tuple[int, str]]
+
+
+def requeue_fingerprint(db: Database, fp: str) -> GroupRequeue:
+    """Requeue every dead letter whose last attempt has this fingerprint.
+
+    One refused requeue (a cancelled run, an instance that moved) does not stop the others; it
+    is reported with its reason.
+    """
     ids = [d.task_instance.id for d in list_dead_letters(db) if d.fingerprint == fp]
     if not ids:
         raise InvalidRequest(f"no dead letter has fingerprint {fp!r}")
-    return [requeue_dead_letter(db, i) for i in ids]
+    requeued, refused = [], []
+    for i in ids:
+        try:
+            requeued.append(requeue_dead_letter(db, i))
+        except InvalidRequest as exc:
+            refused.append((i, str(exc)))
+    return GroupRequeue(requeued=requeued, refused=refused)

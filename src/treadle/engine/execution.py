@@ -7,7 +7,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,9 +17,10 @@ from treadle.domain.fingerprint import fingerprint
 from treadle.domain.records import AttemptError, ClaimedTask, RunInfo
 from treadle.domain.retry import RetryDecision, decide_retry
 from treadle.domain.states import AttemptOutcome, TaskState
+from treadle.domain.transitions import UseCase
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events
-from treadle.engine.runs import finish_run_if_done
+from treadle.engine.runs import close_run_if_done
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
 from treadle.store import runs as run_store
@@ -41,9 +42,20 @@ class Ending:
 
 
 def claim_task_instances(
-    db: Database, *, worker_id: str, hostname: str, queues: list[str], limit: int, lease_s: float
+    db: Database,
+    *,
+    worker_id: str,
+    hostname: str,
+    queues: list[str],
+    limit: int,
+    lease_s: float,
+    start: int | None = None,
 ) -> list[ClaimedTask]:
-    """Claim up to `limit` queued task instances and gather what running them needs."""
+    """Claim up to `limit` queued task instances and gather what running them needs.
+
+    The first `start` (default: all) are started at once, for idle slots; the rest are claimed
+    unstarted for the worker's buffer (`started_at` None) and started by `start_claimed`.
+    """
     if limit <= 0:
         return []
 
@@ -54,7 +66,8 @@ def claim_task_instances(
             hostname=hostname,
             queues=queues,
             limit=limit,
-            now=_statement_clock(conn),
+            start=limit if start is None else start,
+            now=dialects.statement_clock(conn),
             lease_s=lease_s,
         )
         if not rows:
@@ -76,11 +89,29 @@ def claim_task_instances(
     return db.transact(work)
 
 
+def start_claimed(db: Database, task: ClaimedTask, *, worker_id: str) -> ClaimedTask | None:
+    """Start a buffered attempt, re-checking in the same statement that this worker still holds
+    it: the attempt with its start time, or None if it was cancelled, reaped or lost meanwhile
+    (it must not run)."""
+
+    def work(conn: Connection) -> datetime | None:
+        return ti_store.start_claimed(
+            conn,
+            task_instance_id=task.task_instance_id,
+            attempt=task.attempt,
+            worker_id=worker_id,
+            now=dialects.statement_clock(conn),
+        )
+
+    started = db.transact(work)
+    return None if started is None else replace(task, started_at=started)
+
+
 def attempt_of(
     row: Any,  # Any: a Row from a claim or lease query
     run: RunInfo,
     *,
-    started_at: datetime,
+    started_at: datetime | None,
     upstream_results: dict[str, Any] | None = None,
 ) -> ClaimedTask:
     """The attempt that a task instance row (claim or lease columns) and its run describe."""
@@ -100,16 +131,6 @@ def attempt_of(
         manifest=run.manifest or {},
         upstream_results=upstream_results or {},
     )
-
-
-def _statement_clock(conn: Connection) -> datetime | None:
-    """The `now` hot-path statements stamp rows with (see `ti_store.stamp`).
-
-    None on PostgreSQL: each statement writes `statement_timestamp()` and returns it, one round
-    trip fewer than reading the clock first. SQLite reads its clock in-process, which is cheap,
-    and keeps every stored time in the one text format its comparisons rely on.
-    """
-    return None if conn.dialect.name == "postgresql" else db_now(conn)
 
 
 #: Most runs a worker remembers; past it the cache starts over (a re-read is one query).
@@ -148,7 +169,7 @@ def complete_attempts(
 
     Per attempt it is the same as `complete_attempt`: a compare-and-set fenced by worker id and
     attempt (one UPDATE for the batch), the attempt row, the result, the dataset events of its
-    outlets, the downstream counters, NOTIFY, and closing the run when a leaf ends. Attempts the
+    outlets, the downstream counters, NOTIFY, and closing a run that readied nothing. Attempts the
     worker lost are discarded, not applied. Returns one Ending per item, in order.
     """
     if not done:
@@ -156,7 +177,7 @@ def complete_attempts(
     items = [_unpack(d) for d in done]
 
     def work(conn: Connection) -> list[Ending]:
-        now = _statement_clock(conn)
+        now = dialects.statement_clock(conn)
         ended = ti_store.end_running_many(
             conn,
             held=[(t.task_instance_id, t.attempt) for t, _, _ in items],
@@ -166,7 +187,7 @@ def complete_attempts(
         )
         attempts, results, events = [], [], []
         increments: Counter[tuple[str, str]] = Counter()
-        leaf_runs: set[str] = set()
+        touched: set[str] = set()
         for task, value, outlet_events in items:
             ended_at = ended.get((task.task_instance_id, task.attempt))
             if ended_at is None:
@@ -191,16 +212,19 @@ def complete_attempts(
             outlets = version.structure.tasks[task.task_id].outlets
             if outlets:
                 events.extend(outlet_event_rows(db, conn, task, outlets, outlet_events, at=ended_at))
-            downstream = version.downstream[task.task_id]
-            increments.update((task.run_id, d) for d in downstream)
-            if not downstream:
-                leaf_runs.add(task.run_id)
+            increments.update((task.run_id, d) for d in version.downstream[task.task_id])
+            touched.add(task.run_id)
         attempt_store.insert_attempts(conn, attempts)
         attempt_store.put_results(conn, results)
-        if increments and ti_store.count_upstream_successes(conn, increments=increments, now=now):
+        readied = (
+            ti_store.count_upstream_successes(conn, increments=increments, now=now) if increments else set()
+        )
+        if readied:
             dialects.notify_ready(conn)
-        for run_id in sorted(leaf_runs):
-            finish_run_if_done(conn, run_id)
+        # A run where this readied something is active; any other may have just ended (a leaf,
+        # or a fan-in whose other branch failed).
+        for run_id in sorted(touched - readied):
+            close_run_if_done(conn, run_id)
         # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
         record_outlet_events(conn, events)
         return [Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _ in items]
@@ -282,6 +306,7 @@ def fail_attempt(
                 task_instance_id=task.task_instance_id,
                 attempt=task.attempt,
                 new_state=state,
+                by=_ending_use_case(outcome, reported=worker_id is not None),
                 now=now,
                 worker_id=worker_id,
                 lease_expired_before=lease_expired_before,
@@ -309,10 +334,17 @@ def fail_attempt(
             ti_store.mark_upstream_failed(
                 conn, run_id=task.run_id, now=now, task_ids=version.all_downstream(task.task_id)
             )
-            finish_run_if_done(conn, task.run_id)
+            close_run_if_done(conn, task.run_id)
         return Ending(applied=True, decision=decision)
 
     return db.transact(work)
+
+
+def _ending_use_case(outcome: AttemptOutcome, *, reported: bool) -> UseCase:
+    """Who ends a running attempt: its worker's report, or the reaper with its evidence."""
+    if reported:
+        return UseCase.FAIL
+    return UseCase.REAP_LOST if outcome is AttemptOutcome.LOST else UseCase.REAP_TIMEOUT
 
 
 def hand_back_attempts(db: Database, tasks: list[ClaimedTask], *, worker_id: str, hostname: str) -> int:
@@ -355,14 +387,17 @@ def hand_back_attempts(db: Database, tasks: list[ClaimedTask], *, worker_id: str
 
 
 def extend_leases(
-    db: Database, *, worker_id: str, held: list[tuple[int, int]], lease_s: float
+    db: Database, *, worker_id: str, held: list[tuple[int, int]], lease_s: float, attempts: int = 8
 ) -> set[tuple[int, int]]:
-    """Renew this worker's leases; returns the (task instance id, attempt) pairs it still holds."""
+    """Renew this worker's leases; returns the (task instance id, attempt) pairs it still holds.
+
+    A heartbeat passes few `attempts`: the next heartbeat is the retry.
+    """
 
     def work(conn: Connection) -> set[tuple[int, int]]:
         return ti_store.extend_leases(conn, worker_id=worker_id, held=held, now=db_now(conn), lease_s=lease_s)
 
-    return db.transact(work)
+    return db.transact(work, attempts=attempts)
 
 
 def _attempt_row(
@@ -384,7 +419,7 @@ def _attempt_row(
         "hostname": hostname or None,
         "started_at": task.started_at,
         "ended_at": now,
-        "duration_s": max((now - task.started_at).total_seconds(), 0.0),
+        "duration_s": max((now - task.started_at).total_seconds(), 0.0) if task.started_at else None,
         "retry_delay_s": None,
     }
 
@@ -401,6 +436,8 @@ def insert_attempt_record(
     retry_delay_s: float | None = None,
     started: bool = True,
 ) -> None:
+    """Append the `task_attempts` row of an attempt that ended (`started` False: it never ran)."""
+    started = started and task.started_at is not None
     attempt_store.insert_attempt(
         conn,
         task_instance_id=task.task_instance_id,
@@ -417,7 +454,9 @@ def insert_attempt_record(
         hostname=hostname or None,
         started_at=task.started_at if started else None,
         ended_at=now,
-        duration_s=max((now - task.started_at).total_seconds(), 0.0) if started else None,
+        duration_s=max((now - task.started_at).total_seconds(), 0.0)
+        if started and task.started_at is not None
+        else None,
         retry_delay_s=retry_delay_s,
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -37,7 +37,10 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
     """Record `lost` for every running attempt whose lease expired, then apply its retry policy.
 
     The evidence (lease expiry vs database time) is read first and re-checked in the guarded
-    update, so an attempt whose worker renewed in between is left alone.
+    update, so an attempt whose worker renewed in between is left alone. Loss or timeout is
+    judged from the last heartbeat: a deadline that passed while the worker still heartbeated
+    was overrun (`timed_out`, spends a retry); otherwise the worker died first (`lost`, which
+    does not spend the budget but counts towards poison).
     """
 
     def evidence(conn: Connection) -> tuple[Any, list[Any], dict[str, Any]]:
@@ -49,13 +52,13 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
     now, rows, runs = db.query(evidence)
     reaped = 0
     for r in rows:
-        task = attempt_of(r, runs[r.run_id], started_at=r.started_at or now)
+        task = attempt_of(r, runs[r.run_id], started_at=r.started_at)
         message = (
             f"lease expired at {r.lease_expires_at.isoformat()} (database time "
             f"{now.isoformat()}); worker {r.worker_id} on {r.hostname} stopped heartbeating"
+            + (f" after {r.heartbeat_at.isoformat()}" if r.heartbeat_at else "")
         )
-        # A deadline that passed while nobody was there to enforce it is a timeout, not a loss.
-        timed_out = r.timeout_at is not None and r.timeout_at <= r.lease_expires_at
+        timed_out = overran(timeout_at=r.timeout_at, heartbeat_at=r.heartbeat_at)
         ending = fail_attempt(
             db,
             task,
@@ -84,6 +87,11 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
                 },
             )
     return reaped
+
+
+def overran(*, timeout_at: datetime | None, heartbeat_at: datetime | None) -> bool:
+    """True if an attempt's execution deadline passed while its worker still heartbeated."""
+    return timeout_at is not None and heartbeat_at is not None and timeout_at <= heartbeat_at
 
 
 def expire_dispatch_deadlines(db: Database, *, worker_stale_s: float, limit: int = 200) -> int:

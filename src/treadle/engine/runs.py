@@ -13,9 +13,10 @@ from treadle.domain.dag_version import DagStructure, DagVersion
 from treadle.domain.manifest import DatasetConsumption, build_manifest
 from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
-from treadle.domain.states import RunState, RunType, TaskState
+from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType, TaskState
+from treadle.domain.transitions import UseCase
 from treadle.engine.dags import version_of
-from treadle.errors import DagNotFound, InvalidRequest
+from treadle.errors import DagNotFound, InvalidRequest, RunCancelledError, RunNotFound
 from treadle.store import dags as dag_store
 from treadle.store import dialects
 from treadle.store import runs as run_store
@@ -169,26 +170,63 @@ def _task_instance_rows(
     return rows
 
 
-def finish_run_if_done(conn: Connection, run_id: str) -> RunState | None:
+def close_run_if_done(conn: Connection, run_id: str) -> RunState | None:
     """Close a running run whose task instances are all terminal; returns the state it took.
 
-    Under READ COMMITTED two concurrent last completions may each still see the other's
-    row active; the scheduler's sweep (finish_idle_runs) closes such runs.
+    The closing half of the run open/close protocol (docs/architecture.md), used by every
+    closer: a completion, a failure's propagation, a cancel, the sweep. An unlocked probe may
+    skip the close (a concurrent transaction may end the last active instance; the sweep then
+    closes the run). A close is decided only under the run-row lock, by a probe made after the
+    lock was granted: a reopener holds that lock until it commits, so either it sees this
+    close and reopens the run, or this probe sees its active instance.
     """
     if run_store.has_active_tasks(conn, run_id):
         return None
+    if run_store.lock_run_state(conn, run_id) is not RunState.RUNNING:
+        return None
+    if run_store.has_active_tasks(conn, run_id):
+        return None
     new = RunState.FAILED if run_store.has_unsuccessful_tasks(conn, run_id) else RunState.SUCCESS
-    changed = run_store.set_run_state(conn, run_id, expected=RunState.RUNNING, new=new, now=db_now(conn))
+    changed = run_store.set_run_state(conn, run_id, by=UseCase.CLOSE, new=new, now=db_now(conn))
     return new if changed else None
 
 
-def finish_idle_runs(db: Database, *, limit: int = 500) -> int:
-    """Sweep: close every running run that has no active task instance left."""
+def reopen_run(conn: Connection, run_id: str, *, now: datetime, requeued_task: str | None = None) -> RunState:
+    """Make a run running again after this transaction made one of its task instances active.
 
-    def work(conn: Connection) -> int:
-        return sum(
-            finish_run_if_done(conn, run_id) is not None
-            for run_id in run_store.idle_running_run_ids(conn, limit=limit)
+    The reopening half of the protocol: called after the task-instance writes (instances are
+    always locked before their run, by every party), it locks the run row and moves a finished
+    run back to running. A clear (an explicit operator decision) reopens a cancelled run too; a
+    requeue (`requeued_task` names its task) does not: RunCancelledError rolls the caller's
+    transaction back. Returns the state the run had.
+    """
+    state = run_store.lock_run_state(conn, run_id)
+    if state is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    if state is RunState.CANCELLED and requeued_task is not None:
+        raise RunCancelledError(run_id=run_id, task_id=requeued_task)
+    if state in TERMINAL_RUN_STATES:
+        run_store.set_run_state(
+            conn, run_id, by=UseCase.REOPEN, new=RunState.RUNNING, now=now, expected=state
         )
+    return state
 
-    return db.transact(work)
+
+def finish_idle_runs(db: Database, *, limit: int = 500) -> int:
+    """Sweep: close every running run that has no active task instance left.
+
+    Each run is closed in its own short transaction, so a run lock is never held while others
+    are examined.
+    """
+
+    def candidates(conn: Connection) -> list[str]:
+        return run_store.idle_running_run_ids(conn, limit=limit)
+
+    closed = 0
+    for run_id in db.query(candidates):
+
+        def close(conn: Connection, run_id: str = run_id) -> RunState | None:
+            return close_run_if_done(conn, run_id)
+
+        closed += db.transact(close) is not None
+    return closed

@@ -8,10 +8,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.states import ACTIVE_TASK_STATES, TaskState
+from treadle.domain.states import TaskState
+from treadle.domain.transitions import UseCase, task_sources
+from treadle.store import dialects
 from treadle.store.tables import task_instances as ti
 
-_ACTIVE = sorted(s.value for s in ACTIVE_TASK_STATES)
+#: What a cancel may move to cancelled: every active state.
+_ACTIVE = task_sources(UseCase.CANCEL, TaskState.CANCELLED)
 
 
 def active_instances(conn: Connection, *, run_id: str, task_ids: list[str] | None) -> list[Any]:
@@ -21,9 +24,7 @@ def active_instances(conn: Connection, *, run_id: str, task_ids: list[str] | Non
     ).where(ti.c.run_id == run_id, ti.c.state.in_(_ACTIVE))
     if task_ids is not None:
         stmt = stmt.where(ti.c.task_id.in_(task_ids))
-    if conn.dialect.name != "sqlite":
-        stmt = stmt.with_for_update()
-    return list(conn.execute(stmt.order_by(ti.c.id)))
+    return list(conn.execute(dialects.lock_row(stmt.order_by(ti.c.id), conn)))
 
 
 def cancel_instances(conn: Connection, *, ids: list[int], now: datetime) -> int:

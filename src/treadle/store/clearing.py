@@ -11,8 +11,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from treadle.domain.states import TaskState
+from treadle.domain.transitions import TransitionNotAllowed, UseCase, task_sources
 from treadle.store import dialects
-from treadle.store.tables import UTCDateTime, dag_runs
+from treadle.store.tables import UTCDateTime
 from treadle.store.tables import task_instances as ti
 
 
@@ -48,13 +49,6 @@ def lock_instances(conn: Connection, run_id: str) -> list[InstanceState]:
     return [InstanceState(**r._mapping) for r in conn.execute(dialects.lock_row(stmt, conn))]
 
 
-def lock_run_state(conn: Connection, run_id: str) -> str | None:
-    """The state of a run, its row locked until the transaction ends (None: no such run)."""
-    stmt = sa.select(dag_runs.c.state).where(dag_runs.c.run_id == run_id)
-    state: str | None = conn.execute(dialects.lock_row(stmt, conn)).scalar()
-    return state
-
-
 def reset_instances(conn: Connection, resets: Sequence[Reset], *, now: datetime) -> int:
     """Put finished task instances back to queued or pending with a fresh retry budget.
 
@@ -65,8 +59,11 @@ def reset_instances(conn: Connection, resets: Sequence[Reset], *, now: datetime)
     moved = 0
     stamp = sa.literal(now, UTCDateTime())
     for r in resets:
+        target = TaskState.QUEUED if r.queued else TaskState.PENDING
+        if r.expected not in task_sources(UseCase.CLEAR, target):
+            raise TransitionNotAllowed(f"clear never moves {r.expected} to {target.value}")
         values: dict[str, Any] = {
-            "state": (TaskState.QUEUED if r.queued else TaskState.PENDING).value,
+            "state": target.value,
             "upstream_done": r.upstream_done,
             "budget_base": ti.c.attempt,
             "orphaned_count": 0,

@@ -80,12 +80,30 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
+#: Longest any statement (or lock wait) of the default pools may take.
+DEFAULT_STATEMENT_TIMEOUT_S = 60.0
+#: Longest wait for SQLite's writer lock.
+_SQLITE_BUSY_S = 30.0
+#: Seconds to establish a connection before giving up (then retried as transient).
+_CONNECT_TIMEOUT_S = 10
+
+
 class Database:
     """One database: the engine, write and read transactions, and the database clock."""
 
-    def __init__(self, url: str, *, application_name: str = "treadle", pool_size: int = 5) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        application_name: str = "treadle",
+        pool_size: int = 5,
+        statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+    ) -> None:
+        """`statement_timeout_s` bounds every statement and lock wait of this pool's connections
+        (a worker's heartbeats use a pool of their own with one shorter than the lease)."""
         self.url = normalise_url(url)
-        self.engine: Engine = _create_engine(self.url, application_name, pool_size)
+        self.statement_timeout_s = statement_timeout_s
+        self.engine: Engine = _create_engine(self.url, application_name, pool_size, statement_timeout_s)
         self.dialect = self.engine.dialect.name
         #: DAG version id -> version; versions are immutable, so this never goes stale.
         self.version_cache: dict[int, DagVersion] = {}
@@ -96,6 +114,11 @@ class Database:
     def is_sqlite(self) -> bool:
         """True on the embedded SQLite backend."""
         return self.dialect == "sqlite"
+
+    @property
+    def supports_notify(self) -> bool:
+        """True where workers can LISTEN for "work is ready" (else they rely on polling)."""
+        return dialects.supports_notify(self.dialect)
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
@@ -168,28 +191,32 @@ def db_now(conn: Connection) -> datetime:
     return dialects.now(conn)
 
 
-def _create_engine(url: str, application_name: str, pool_size: int) -> Engine:
+def _create_engine(url: str, application_name: str, pool_size: int, statement_timeout_s: float) -> Engine:
     if url.startswith("sqlite"):
+        # Waiting for SQLite's one writer lock is the only wait there is.
+        busy_s = min(statement_timeout_s, _SQLITE_BUSY_S)
         engine = sa.create_engine(
             url,
-            connect_args={"timeout": 30, "check_same_thread": False},
+            connect_args={"timeout": busy_s, "check_same_thread": False},
             pool_size=pool_size,
             max_overflow=10,
         )
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy_ms=round(busy_s * 1000))
         return engine
     connect_args: dict[str, Any] = {}
     if url.startswith("postgresql"):
-        connect_args = {
-            "application_name": application_name,
-            # Keep our own transactions short (F13): nothing of ours idles inside one.
-            "options": "-c idle_in_transaction_session_timeout=60000 -c statement_timeout=60000",
-            "keepalives": 1,
-            "keepalives_idle": 30,
-        }
+        connect_args = postgres_connect_args(application_name, statement_timeout_s)
     options: dict[str, Any] = {}
     if url.startswith("mysql"):
-        connect_args = {"init_command": _MYSQL_SESSION, "charset": "utf8mb4", "connect_timeout": 10}
+        connect_args = {
+            "init_command": _MYSQL_SESSION
+            + f", innodb_lock_wait_timeout = {max(1, round(statement_timeout_s))}",
+            "charset": "utf8mb4",
+            "connect_timeout": _CONNECT_TIMEOUT_S,
+            # A dead server or a silent network fails a call instead of hanging it.
+            "read_timeout": max(round(statement_timeout_s) + 5, 5),
+            "write_timeout": max(round(statement_timeout_s) + 5, 5),
+        }
         # InnoDB's REPEATABLE READ keeps a snapshot from the first read, so a claim that locks a
         # pool row and then counts its running rows could count from a stale snapshot (F15);
         # READ COMMITTED reads the latest committed rows, as PostgreSQL does by default.
@@ -197,6 +224,29 @@ def _create_engine(url: str, application_name: str, pool_size: int) -> Engine:
     return sa.create_engine(
         url, connect_args=connect_args, pool_size=pool_size, max_overflow=10, pool_recycle=3600, **options
     )
+
+
+def postgres_connect_args(application_name: str, statement_timeout_s: float) -> dict[str, Any]:
+    """libpq settings: bounded statements and lock waits, and a dead peer noticed in seconds.
+
+    Without them a call on a silently dropped connection blocks for the kernel's TCP timeouts
+    (many minutes): keepalives probe an idle connection, `tcp_user_timeout` bounds how long
+    sent data may stay unacknowledged.
+    """
+    ms = max(round(statement_timeout_s * 1000), 100)
+    return {
+        "application_name": application_name,
+        # Keep our own transactions short (F13): nothing of ours idles inside one.
+        "options": (
+            f"-c idle_in_transaction_session_timeout=60000 -c statement_timeout={ms} -c lock_timeout={ms}"
+        ),
+        "connect_timeout": _CONNECT_TIMEOUT_S,
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": max(ms, 10_000) + 5_000,
+    }
 
 
 #: Session settings for MySQL/MariaDB. UTC time zone: NOW() and TIMESTAMP values then agree
@@ -207,7 +257,7 @@ _MYSQL_SESSION = (
 )
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, *, busy_ms: int) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Driver autocommit: we issue BEGIN ourselves so writers take the lock up front
@@ -216,7 +266,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={busy_ms}")
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -90,6 +90,19 @@ def plus_seconds(conn: Connection, base: Any, seconds: Any) -> Any:
     return sa.type_coerce(expr, UTCDateTime())
 
 
+def supports_notify(dialect_name: str) -> bool:
+    """True for PostgreSQL, the one backend with LISTEN/NOTIFY."""
+    return dialect_name == "postgresql"
+
+
+def statement_clock(conn: Connection) -> datetime | None:
+    """The `now` hot-path statements stamp rows with: None on PostgreSQL, where each statement
+    writes `statement_timestamp()` and returns it (one round trip fewer than reading the clock
+    first); elsewhere the database clock read first (SQLite reads it in-process, cheaply, and
+    keeps every stored time in the one text format its comparisons rely on)."""
+    return None if conn.dialect.name == "postgresql" else now(conn)
+
+
 def notify_cancel(conn: Connection) -> None:
     """Ask workers to check their attempts at once (PostgreSQL only; heartbeats catch it anyway)."""
     if conn.dialect.name == "postgresql":

@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from treadle.domain.records import RunInfo
-from treadle.domain.states import ACTIVE_TASK_STATES, RunState
+from treadle.domain.states import ACTIVE_TASK_STATES, TERMINAL_RUN_STATES, RunState
+from treadle.domain.transitions import UseCase, run_sources
 from treadle.store import dialects
 from treadle.store.tables import dag_runs, task_instances
 
@@ -81,13 +82,38 @@ def has_unsuccessful_tasks(conn: Connection, run_id: str) -> bool:
     return conn.execute(stmt).first() is not None
 
 
-def set_run_state(conn: Connection, run_id: str, *, expected: RunState, new: RunState, now: datetime) -> bool:
-    """Compare-and-set a run's state; returns False if it was not in `expected`."""
-    ended = now if new in (RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED) else None
+def lock_run_state(conn: Connection, run_id: str) -> RunState | None:
+    """The state of a run, its row locked until the transaction ends (None: no such run).
+
+    The run open/close protocol (docs/architecture.md): closers decide only while holding this
+    lock, and reopeners take it after their task-instance writes, in the same transaction.
+    """
+    stmt = sa.select(dag_runs.c.state).where(dag_runs.c.run_id == run_id)
+    state = conn.execute(dialects.lock_row(stmt, conn)).scalar()
+    return None if state is None else RunState(state)
+
+
+def set_run_state(
+    conn: Connection,
+    run_id: str,
+    *,
+    by: UseCase,
+    new: RunState,
+    now: datetime,
+    expected: RunState | None = None,
+) -> bool:
+    """Compare-and-set a run's state along an edge of the state machine made by `by`.
+
+    The row must be in a state `by` may move to `new` (and in `expected`, when given);
+    returns False if it was not.
+    """
+    sources = run_sources(by, new)
+    if expected is not None:
+        sources = tuple(s for s in sources if s == expected.value)
     result = conn.execute(
         sa.update(dag_runs)
-        .where(dag_runs.c.run_id == run_id, dag_runs.c.state == expected.value)
-        .values(state=new.value, ended_at=ended)
+        .where(dag_runs.c.run_id == run_id, dag_runs.c.state.in_(sources))
+        .values(state=new.value, ended_at=now if new in TERMINAL_RUN_STATES else None)
     )
     return bool(result.rowcount)
 

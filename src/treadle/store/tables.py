@@ -167,6 +167,8 @@ task_instances = sa.Table(
     sa.Column("worker_id", sa.String(250), nullable=True),
     sa.Column("hostname", sa.String(250), nullable=True),
     sa.Column("lease_expires_at", UTCDateTime, nullable=True),
+    #: Database time of the attempt's claim or last lease renewal (loss versus timeout).
+    sa.Column("heartbeat_at", UTCDateTime, nullable=True),
     sa.Column("timeout_s", Seconds, nullable=True),
     sa.Column("timeout_at", UTCDateTime, nullable=True),
     sa.Column("dead_letter_reason", sa.String(40), nullable=True),

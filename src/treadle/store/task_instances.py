@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.records import TaskInstanceInfo
 from treadle.domain.states import TaskState
+from treadle.domain.transitions import UseCase, task_sources
 from treadle.store import dialects, limits
 from treadle.store.limits import Candidate, Exclusions
 from treadle.store.tables import UTCDateTime, dags
@@ -54,6 +55,7 @@ def claim(
     hostname: str,
     queues: list[str],
     limit: int,
+    start: int,
     now: datetime | None,
     lease_s: float,
 ) -> list[sa.Row[Any]]:
@@ -61,8 +63,10 @@ def claim(
 
     Candidates are selected with `LIMIT ... FOR UPDATE SKIP LOCKED` (a plain SELECT, so the limit
     holds under concurrent claimers, F14), then admitted against pool slots and DAG
-    `max_active_tasks` while the limit rows are locked (F15), then moved in one UPDATE. `now`
-    None stamps rows with the statement's database time (see `stamp`).
+    `max_active_tasks` while the limit rows are locked (F15), then moved in one UPDATE. The
+    first `start` are started (started_at and timeout_at stamped: they go to idle slots now);
+    the rest are claimed for the worker's buffer, unstarted until `start_claimed`. `now` None
+    stamps rows with the statement's database time (see `stamp`).
     """
     claimed: list[sa.Row[Any]] = []
     excluded = Exclusions()
@@ -70,32 +74,50 @@ def claim(
         candidates = _candidates(conn, queues=queues, limit=limit - len(claimed), skip=excluded)
         admitted = limits.admit(conn, candidates, excluded)
         # Moved to running before any next round, so that round's usage counts them.
-        claimed.extend(
-            _start(conn, admitted, worker_id=worker_id, hostname=hostname, now=now, lease_s=lease_s)
-        )
+        starting = max(start - len(claimed), 0)
+        for ids, started in ((admitted[:starting], True), (admitted[starting:], False)):
+            claimed.extend(
+                _take(
+                    conn,
+                    ids,
+                    worker_id=worker_id,
+                    hostname=hostname,
+                    now=now,
+                    lease_s=lease_s,
+                    started=started,
+                )
+            )
         if len(claimed) >= limit or len(admitted) == len(candidates):
             break  # full, or nothing was held back that another round could look past
     return claimed
 
 
-def _start(
-    conn: Connection, ids: list[int], *, worker_id: str, hostname: str, now: datetime | None, lease_s: float
+def _take(
+    conn: Connection,
+    ids: list[int],
+    *,
+    worker_id: str,
+    hostname: str,
+    now: datetime | None,
+    lease_s: float,
+    started: bool,
 ) -> list[sa.Row[Any]]:
     if not ids:
         return []
-    started = stamp(now)
+    at = stamp(now)
     stmt = (
         sa.update(ti)
-        .where(ti.c.id.in_(ids), ti.c.state == TaskState.QUEUED.value)
+        .where(ti.c.id.in_(ids), ti.c.state.in_(task_sources(UseCase.CLAIM, TaskState.RUNNING)))
         .values(
             state=TaskState.RUNNING.value,
             attempt=ti.c.attempt + 1,
             worker_id=worker_id,
             hostname=hostname,
-            started_at=started,
+            started_at=at if started else None,
             ended_at=None,
             lease_expires_at=stamp(now, plus=timedelta(seconds=lease_s)),
-            timeout_at=dialects.plus_seconds(conn, started, ti.c.timeout_s),
+            heartbeat_at=at,
+            timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s) if started else None,
             next_attempt_at=None,
             dispatch_deadline=None,
         )
@@ -103,6 +125,28 @@ def _start(
     return dialects.update_returning(
         conn, stmt, (ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS), key=ti.c.id
     )
+
+
+def start_claimed(
+    conn: Connection, *, task_instance_id: int, attempt: int, worker_id: str, now: datetime | None
+) -> datetime | None:
+    """Start a buffered attempt: stamp started_at and timeout_at if this worker still holds it,
+    unstarted, at this attempt. Returns the start time, or None (cancelled, reaped or lost: it
+    must not run)."""
+    at = stamp(now)
+    stmt = (
+        sa.update(ti)
+        .where(
+            ti.c.id == task_instance_id,
+            ti.c.attempt == attempt,
+            ti.c.worker_id == worker_id,
+            ti.c.state == TaskState.RUNNING.value,
+            ti.c.started_at.is_(None),
+        )
+        .values(started_at=at, timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s))
+    )
+    rows = dialects.update_returning(conn, stmt, (ti.c.started_at,), key=ti.c.id)
+    return rows[0].started_at if rows else None
 
 
 def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclusions) -> list[Candidate]:
@@ -148,6 +192,7 @@ def hand_back(
             queued_at=now,
             dispatch_deadline=dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s),
         ),
+        sources=task_sources(UseCase.HAND_BACK, TaskState.QUEUED),
         task_instance_id=task_instance_id,
         attempt=attempt,
         worker_id=worker_id,
@@ -176,7 +221,7 @@ def end_queued(
         sa.update(ti)
         .where(
             ti.c.id == task_instance_id,
-            ti.c.state == TaskState.QUEUED.value,
+            ti.c.state.in_(task_sources(UseCase.DISPATCH_TIMEOUT, new_state)),
             ti.c.attempt == attempt - 1,
             ti.c.dispatch_deadline < deadline_before,
         )
@@ -219,15 +264,14 @@ def overdue_running(conn: Connection, *, before: datetime, limit: int) -> list[s
 def _guard(
     stmt: sa.Update,
     *,
+    sources: tuple[str, ...],
     task_instance_id: int,
     attempt: int,
     worker_id: str | None,
     lease_expired_before: datetime | None,
     timeout_before: datetime | None,
 ) -> sa.Update:
-    stmt = stmt.where(
-        ti.c.id == task_instance_id, ti.c.state == TaskState.RUNNING.value, ti.c.attempt == attempt
-    )
+    stmt = stmt.where(ti.c.id == task_instance_id, ti.c.state.in_(sources), ti.c.attempt == attempt)
     if worker_id is not None:
         stmt = stmt.where(ti.c.worker_id == worker_id)
     if lease_expired_before is not None:
@@ -243,6 +287,7 @@ def end_running(
     task_instance_id: int,
     attempt: int,
     new_state: TaskState,
+    by: UseCase,
     now: datetime,
     worker_id: str | None = None,
     lease_expired_before: datetime | None = None,
@@ -251,7 +296,8 @@ def end_running(
     dead_letter_reason: str | None = None,
     orphaned: bool = False,
 ) -> bool:
-    """Compare-and-set running -> `new_state` for one attempt; False if another party moved it.
+    """Compare-and-set running -> `new_state` for one attempt, an edge `by` may take; False if
+    another party moved it.
 
     `worker_id` fences a worker's report; `lease_expired_before` / `timeout_before` fence the
     reaper (the lease or the execution deadline must really have passed).
@@ -267,6 +313,7 @@ def end_running(
         values["orphaned_count"] = ti.c.orphaned_count + 1
     stmt = _guard(
         sa.update(ti).values(**values),
+        sources=task_sources(by, new_state),
         task_instance_id=task_instance_id,
         attempt=attempt,
         worker_id=worker_id,
@@ -298,7 +345,7 @@ def end_running_many(
             # rather than scanning all running rows; the (id, attempt) pair is the fence.
             ti.c.id.in_(sorted({i for i, _ in held})),
             sa.tuple_(ti.c.id, ti.c.attempt).in_(held),
-            ti.c.state == TaskState.RUNNING.value,
+            ti.c.state.in_(task_sources(UseCase.COMPLETE, new_state)),
             ti.c.worker_id == worker_id,
         )
         .values(
@@ -315,22 +362,24 @@ def end_running_many(
 
 def count_upstream_successes(
     conn: Connection, *, increments: Mapping[tuple[str, str], int], now: datetime | None
-) -> bool:
+) -> set[str]:
     """Add succeeded upstreams to downstream counters and queue the rows that became ready.
 
     `increments` maps (run id, downstream task id) to how many of its upstreams just succeeded.
     Counter and state move in the same UPDATE (SET expressions read the row's old values), so
     a fan-in row is queued exactly by the completion that fills its counter; concurrent
-    completions serialise on the row lock and re-read it. Returns True if any row is queued.
+    completions serialise on the row lock and re-read it. Returns the runs in which a row was
+    queued.
     MySQL evaluates SET left to right, each seeing the columns already assigned, so the SET
     order is fixed: columns that read `state` and `upstream_done` come before those two.
     """
     groups: dict[tuple[str, int], list[str]] = {}
     for (run_id, task_id), n in increments.items():
         groups.setdefault((run_id, n), []).append(task_id)
-    queued = False
+    queued: set[str] = set()
+    waiting = task_sources(UseCase.READY, TaskState.QUEUED)
     for (run_id, n), task_ids in sorted(groups.items()):
-        ready = sa.and_(ti.c.state == TaskState.PENDING.value, ti.c.upstream_done + n >= ti.c.upstream_total)
+        ready = sa.and_(ti.c.state.in_(waiting), ti.c.upstream_done + n >= ti.c.upstream_total)
         stmt = (
             sa.update(ti)
             .where(ti.c.run_id == run_id, ti.c.task_id.in_(sorted(task_ids)))
@@ -348,17 +397,26 @@ def count_upstream_successes(
             )
         )
         rows = dialects.update_returning(conn, stmt, (ti.c.state,), key=ti.c.id)
-        queued = any(r.state == TaskState.QUEUED.value for r in rows) or queued
+        if any(r.state == TaskState.QUEUED.value for r in rows):
+            queued.add(run_id)
     return queued
 
 
-def mark_upstream_failed(conn: Connection, *, run_id: str, task_ids: list[str], now: datetime) -> int:
+def mark_upstream_failed(
+    conn: Connection,
+    *,
+    run_id: str,
+    task_ids: list[str],
+    now: datetime,
+    by: UseCase = UseCase.PROPAGATE_FAILURE,
+) -> int:
     """Move pending task instances of a run to upstream_failed."""
     if not task_ids:
         return 0
+    sources = task_sources(by, TaskState.UPSTREAM_FAILED)
     result = conn.execute(
         sa.update(ti)
-        .where(ti.c.run_id == run_id, ti.c.task_id.in_(task_ids), ti.c.state == TaskState.PENDING.value)
+        .where(ti.c.run_id == run_id, ti.c.task_id.in_(task_ids), ti.c.state.in_(sources))
         .values(state=TaskState.UPSTREAM_FAILED.value, ended_at=now)
     )
     return int(result.rowcount)
@@ -373,7 +431,7 @@ def reset_to_pending(conn: Connection, *, run_id: str, task_ids: list[str]) -> i
         .where(
             ti.c.run_id == run_id,
             ti.c.task_id.in_(task_ids),
-            ti.c.state == TaskState.UPSTREAM_FAILED.value,
+            ti.c.state.in_(task_sources(UseCase.REQUEUE, TaskState.PENDING)),
         )
         .values(state=TaskState.PENDING.value, ended_at=None)
     )
@@ -384,7 +442,7 @@ def requeue_dead_letter(conn: Connection, *, task_instance_id: int, now: datetim
     """dead_letter -> queued with a fresh retry budget; False if it is no longer a dead letter."""
     result = conn.execute(
         sa.update(ti)
-        .where(ti.c.id == task_instance_id, ti.c.state == TaskState.DEAD_LETTER.value)
+        .where(ti.c.id == task_instance_id, ti.c.state.in_(task_sources(UseCase.REQUEUE, TaskState.QUEUED)))
         .values(
             state=TaskState.QUEUED.value,
             queued_at=now,
@@ -401,14 +459,11 @@ def requeue_dead_letter(conn: Connection, *, task_instance_id: int, now: datetim
 
 def promote_due_retries(conn: Connection, *, now: datetime, limit: int = 1000) -> int:
     """retry_wait -> queued for every task instance whose next attempt is due."""
-    due = (
-        sa.select(ti.c.id)
-        .where(ti.c.state == TaskState.RETRY_WAIT.value, ti.c.next_attempt_at <= now)
-        .limit(limit)
-    )
+    waiting = task_sources(UseCase.PROMOTE_RETRY, TaskState.QUEUED)
+    due = sa.select(ti.c.id).where(ti.c.state.in_(waiting), ti.c.next_attempt_at <= now).limit(limit)
     result = conn.execute(
         sa.update(ti)
-        .where(ti.c.id.in_(dialects.limited_keys(conn, due)), ti.c.state == TaskState.RETRY_WAIT.value)
+        .where(ti.c.id.in_(dialects.limited_keys(conn, due)), ti.c.state.in_(waiting))
         .values(
             state=TaskState.QUEUED.value,
             queued_at=now,
@@ -428,6 +483,7 @@ def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[sa.Ro
             ti.c.hostname,
             ti.c.started_at,
             ti.c.lease_expires_at,
+            ti.c.heartbeat_at,
             ti.c.timeout_at,
         )
         .where(ti.c.state == TaskState.RUNNING.value, ti.c.lease_expires_at < now)
@@ -447,7 +503,7 @@ def extend_leases(
     stmt = (
         sa.update(ti)
         .where(ti.c.id.in_(ids), ti.c.worker_id == worker_id, ti.c.state == TaskState.RUNNING.value)
-        .values(lease_expires_at=now + timedelta(seconds=lease_s))
+        .values(lease_expires_at=now + timedelta(seconds=lease_s), heartbeat_at=now)
     )
     rows = dialects.update_returning(conn, stmt, (ti.c.id, ti.c.attempt), key=ti.c.id)
     renewed = {(r.id, r.attempt) for r in rows}

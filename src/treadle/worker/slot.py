@@ -59,6 +59,13 @@ class ChildProcess:
         if self.conn is not None:
             self.conn.close()
 
+    def signal_kill(self) -> None:
+        """Kill the child's process group now, from any thread (the slot's thread then sees EOF)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def restart(self) -> None:
         """Replace a dead or killed child."""
         self.kill()
@@ -75,10 +82,12 @@ class ChildProcess:
 
 @dataclass(slots=True)
 class Running:
-    """The attempt a slot is running, and whether its lease was lost."""
+    """The attempt a slot is running, whether its lease was lost, and whether the child is
+    working on it (only then does a revocation kill the child)."""
 
     task: ClaimedTask
     revoked: bool = False
+    in_child: bool = False
 
 
 class Slot(threading.Thread):
@@ -114,14 +123,21 @@ class Slot(threading.Thread):
         self.running = Running(task=task)
         self._assigned.set()
 
-    def revoke(self, task_instance_id: int, attempt: int) -> None:
-        """The lease is gone: kill the attempt and report nothing for it (self-fencing)."""
+    def revoke(self, task_instance_id: int, attempt: int) -> bool:
+        """The lease is gone: kill the attempt at once and report nothing for it (self-fencing).
+
+        Returns True if this slot was running that attempt.
+        """
         current = self.running
-        if current and (current.task.task_instance_id, current.task.attempt) == (
+        if current is None or (current.task.task_instance_id, current.task.attempt) != (
             task_instance_id,
             attempt,
         ):
-            current.revoked = True
+            return False
+        current.revoked = True
+        if current.in_child:
+            self.child.signal_kill()
+        return True
 
     def stop(self) -> None:
         """Stop after the current attempt and end the child."""
@@ -200,6 +216,14 @@ class Slot(threading.Thread):
         if not self.child.process.is_alive():  # died while idle (OOM killer, an operator)
             self.child.restart()
         assert self.child.conn is not None
+        current.in_child = True
+        try:
+            return self._await_reply(message, deadline, current)
+        finally:
+            current.in_child = False
+
+    def _await_reply(self, message: Message, deadline: float | None, current: Running) -> Message | None:
+        assert self.child.conn is not None
         send(self.child.conn, message)
         while True:
             wait = 0.5 if deadline is None else max(min(deadline - time.monotonic(), 0.5), 0)
@@ -207,6 +231,9 @@ class Slot(threading.Thread):
                 if self.child.conn.poll(wait):
                     return receive(self.child.conn)
             except (EOFError, OSError):
+                if current.revoked:  # killed by a revocation, not by the task
+                    self.child.kill() if self._stopping.is_set() else self.child.restart()
+                    return None
                 description = self.child.exit_description()
                 self.child.restart()
                 return {

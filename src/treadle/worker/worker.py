@@ -1,4 +1,5 @@
-"""The worker process: a claim loop bounded by free slots, a heartbeat thread, DAG refresh."""
+"""The worker process: a claim loop bounded by free slots, a heartbeat thread, a self-fencing
+watchdog, DAG refresh."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from treadle.config import Settings
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import ClaimedTask
 from treadle.engine.dags import SyncReport, sync_dags, version_of
-from treadle.engine.execution import claim_task_instances, extend_leases, hand_back_attempts
+from treadle.engine.execution import claim_task_instances, extend_leases, hand_back_attempts, start_claimed
 from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
 from treadle.worker.completer import Completer
+from treadle.worker.fencing import LeaseClock
 from treadle.worker.slot import Slot
 
 log = logging.getLogger("treadle.worker")
@@ -56,9 +58,21 @@ class Worker:
     ) -> None:
         self.db, self.settings = db, settings
         self.concurrency, self.queues, self.poll_s = concurrency, queues, poll_s
-        #: Attempts claimed ahead of a free slot (they hold a lease and are heartbeated).
+        #: Attempts claimed ahead of a free slot (they hold a lease and are heartbeated, but are
+        #: started only when a slot takes them). Guarded by `_buffer_lock`.
         self.prefetch = prefetch
         self.prefetched: collections.deque[ClaimedTask] = collections.deque()
+        self._buffer_lock = threading.Lock()
+        #: When each held attempt stops being trusted (self-fencing, F2).
+        self.leases = LeaseClock(lease_s=settings.lease_s, margin_s=settings.heartbeat_s)
+        #: Heartbeats use a pool of their own, never queued behind the slots' connections, whose
+        #: statements give up in time for a second try before the worker stops trusting a lease.
+        self.heartbeat_db = Database(
+            db.url,
+            application_name="treadle-heartbeat",
+            pool_size=1,
+            statement_timeout_s=max((settings.lease_s - settings.heartbeat_s) / 2, 0.5),
+        )
         self.hostname = socket.gethostname()
         self.worker_id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         #: Set when the worker stops claiming; `closed` when it stops heartbeating too.
@@ -70,7 +84,6 @@ class Worker:
         self.idle: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         self.slots: list[Slot] = []
         self._signature: tuple[tuple[str, int, int], ...] = ()
-        self._last_renewal = time.monotonic()
 
     def version(self, version_id: int) -> DagVersion:
         """Return a DAG version (cached)."""
@@ -108,7 +121,8 @@ class Worker:
             self.slots.append(slot)
             slot.start()
         threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
-        if self.db.dialect == "postgresql":
+        threading.Thread(target=self._watchdog_loop, name="treadle-watchdog", daemon=True).start()
+        if self.db.supports_notify:
             handlers = {READY_CHANNEL: self.wake.set, CANCEL_CHANNEL: self.beat_now.set}
             threading.Thread(
                 target=listen,
@@ -144,23 +158,18 @@ class Worker:
         next_refresh = time.monotonic() + self.settings.dag_refresh_s
         while not self.stopping.is_set():
             self._dispatch_prefetched()
-            # Bounded admission: never more than `concurrency` running plus `prefetch` waiting.
-            want = self.idle.qsize() + self.prefetch - len(self.prefetched)
             claimed = []
+            # Bounded admission: never more than `concurrency` running plus `prefetch` waiting.
+            idle = self.idle.qsize()
+            want = idle + self.prefetch - len(self.prefetched)
             if want > 0:
-                try:
-                    claimed = claim_task_instances(
-                        self.db,
-                        worker_id=self.worker_id,
-                        hostname=self.hostname,
-                        queues=self.queues,
-                        limit=want,
-                        lease_s=self.settings.lease_s,
-                    )
-                except Exception:
-                    log.exception("claim failed", extra={"event": "worker.claim_error"})
-                    self.stopping.wait(1.0)
-            self.prefetched.extend(claimed)
+                claimed = self._claim(limit=want, start=idle)
+            for task in claimed:
+                if task.started_at is not None:  # started by the claim: at most `idle` of them
+                    self.idle.get().assign(task)
+                else:
+                    with self._buffer_lock:
+                        self.prefetched.append(task)
             self._dispatch_prefetched()
             if time.monotonic() >= next_refresh:
                 next_refresh = time.monotonic() + self.settings.dag_refresh_s
@@ -169,10 +178,53 @@ class Worker:
                 self.wake.wait(self.poll_s)
                 self.wake.clear()
 
+    def _claim(self, *, limit: int, start: int) -> list[ClaimedTask]:
+        sent = time.monotonic()
+        try:
+            claimed = claim_task_instances(
+                self.db,
+                worker_id=self.worker_id,
+                hostname=self.hostname,
+                queues=self.queues,
+                limit=limit,
+                start=start,
+                lease_s=self.settings.lease_s,
+            )
+        except Exception:
+            log.exception("claim failed", extra={"event": "worker.claim_error"})
+            self.stopping.wait(1.0)
+            return []
+        self.leases.granted(((t.task_instance_id, t.attempt) for t in claimed), sent_at=sent)
+        return claimed
+
     def _dispatch_prefetched(self) -> None:
+        """Start buffered attempts in idle slots; the start re-checks ownership in the database,
+        so one that was cancelled, reaped or lost while it waited never runs."""
         # Only this thread takes idle slots, so a non-empty queue cannot empty under us.
-        while self.prefetched and not self.idle.empty():
-            self.idle.get().assign(self.prefetched.popleft())
+        while not self.idle.empty():
+            with self._buffer_lock:
+                if not self.prefetched:
+                    return
+                task = self.prefetched.popleft()
+            try:
+                started = start_claimed(self.db, task, worker_id=self.worker_id)
+            except Exception:
+                log.exception("could not start a buffered attempt", extra={"event": "worker.start_error"})
+                with self._buffer_lock:
+                    self.prefetched.appendleft(task)
+                return
+            if started is None:
+                self.leases.forget((task.task_instance_id, task.attempt))
+                log.info(
+                    "buffered attempt no longer held; not started",
+                    extra={
+                        "event": "worker.buffered_dropped",
+                        "task_instance_id": task.task_instance_id,
+                        "attempt": task.attempt,
+                    },
+                )
+                continue
+            self.idle.get().assign(started)
 
     def stop(self, *, grace_s: float = 0.0, hard: threading.Event | None = None) -> int:
         """Stop claiming; give running attempts `grace_s` to finish (less if `hard` is set), then
@@ -189,8 +241,9 @@ class Worker:
         while any(s.running for s in self.slots) and time.monotonic() < deadline and not hard.is_set():
             hard.wait(0.1)
         abandoned = [r.task for r in (s.abandon() for s in self.slots) if r is not None]
-        abandoned.extend(self.prefetched)  # never started: handed back as they are
-        self.prefetched.clear()
+        with self._buffer_lock:
+            abandoned.extend(self.prefetched)  # never started: handed back as they are
+            self.prefetched.clear()
         for slot in self.slots:
             slot.join(timeout=10)  # each kills its child before it ends
         handed = 0
@@ -204,6 +257,7 @@ class Worker:
             # Not fatal: the leases expire and the reaper records the attempts `lost` instead.
             log.exception("could not hand back or record the stop", extra={"event": "worker.stop_error"})
         self.closed.set()
+        self.heartbeat_db.dispose()
         log.info(
             "worker stopped",
             extra={"event": "worker.stopped", "worker_id": self.worker_id, "handed_back": handed},
@@ -227,33 +281,72 @@ class Worker:
             if not self.closed.is_set():
                 self._heartbeat_once()
 
+    def _held(self) -> tuple[list[tuple[int, int]], int]:
+        """The attempts this worker holds (running, then buffered) and how many are buffered."""
+        held = [(r.task.task_instance_id, r.task.attempt) for r in (s.running for s in self.slots) if r]
+        with self._buffer_lock:
+            waiting = [(t.task_instance_id, t.attempt) for t in self.prefetched]
+        return held + waiting, len(waiting)
+
     def _heartbeat_once(self) -> None:
-        current = [s.running for s in self.slots]
-        held = [(r.task.task_instance_id, r.task.attempt) for r in current if r is not None]
-        waiting = list(self.prefetched)
-        held.extend((t.task_instance_id, t.attempt) for t in waiting)
+        held, waiting = self._held()
+        sent = time.monotonic()
         try:
             renewed = extend_leases(
-                self.db, worker_id=self.worker_id, held=held, lease_s=self.settings.lease_s
+                self.heartbeat_db,
+                worker_id=self.worker_id,
+                held=held,
+                lease_s=self.settings.lease_s,
+                attempts=1,  # the next heartbeat is the retry; the watchdog fences meanwhile
             )
+        except Exception:
+            log.exception("lease renewal failed", extra={"event": "worker.heartbeat_error"})
+        else:
+            self.leases.granted(renewed, sent_at=sent)
+            for pair in set(held) - renewed:  # cancelled, reaped or lost: stop it, start nothing
+                self.revoke(pair, reason="lease no longer held")
+        try:
             touch_worker(
-                self.db,
+                self.heartbeat_db,
                 self.worker_id,
                 state="stopping" if self.stopping.is_set() else "running",
-                active=len(held) - len(waiting),
-                prefetched=len(waiting),
+                active=len(held) - waiting,
+                prefetched=waiting,
             )
         except Exception:
             log.exception("heartbeat failed", extra={"event": "worker.heartbeat_error"})
-            # Self-fence (F2): past our own monotonic deadline we can no longer be sure we own
-            # any attempt, so we stop them rather than risk running twice.
-            margin = self.settings.heartbeat_s
-            if time.monotonic() - self._last_renewal > self.settings.lease_s - margin:
-                for pair in held:
-                    for slot in self.slots:
-                        slot.revoke(*pair)
-            return
-        self._last_renewal = time.monotonic()
-        for pair in set(held) - renewed:
-            for slot in self.slots:
-                slot.revoke(*pair)
+
+    def _watchdog_loop(self) -> None:
+        """Self-fence (F2): kill every held attempt whose last successful claim or renewal was sent
+        longer ago than the lease minus one heartbeat, however long the call renewing it blocks."""
+        period = min(0.1, self.settings.heartbeat_s / 4)
+        while not self.closed.wait(period):
+            expired = self.leases.expired(now=time.monotonic())
+            if not expired:
+                continue
+            held = set(self._held()[0])
+            for pair in expired:
+                if pair in held:
+                    self.revoke(pair, reason="lease could not be renewed in time (self-fenced)")
+                else:
+                    self.leases.forget(pair)  # ended meanwhile
+
+    def revoke(self, pair: tuple[int, int], *, reason: str) -> None:
+        """Stop an attempt this worker may no longer own: kill it if it runs, drop it if buffered."""
+        self.leases.forget(pair)
+        with self._buffer_lock:
+            kept = [t for t in self.prefetched if (t.task_instance_id, t.attempt) != pair]
+            dropped = len(kept) != len(self.prefetched)
+            self.prefetched = collections.deque(kept)
+        killed = any(slot.revoke(*pair) for slot in self.slots)
+        if killed or dropped:
+            log.warning(
+                "attempt revoked",
+                extra={
+                    "event": "worker.attempt_revoked",
+                    "task_instance_id": pair[0],
+                    "attempt": pair[1],
+                    "reason": reason,
+                    "was": "running" if killed else "buffered",
+                },
+            )

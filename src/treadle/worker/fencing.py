@@ -1,0 +1,49 @@
+"""Self-fencing: when may a worker no longer trust that it still owns an attempt?
+
+A lease renewed by a statement sent at monotonic time T expires in the database no earlier than
+T + lease (the database stamps it after receiving it). The worker must kill the attempt before
+that, with a margin of one heartbeat interval, whether or not the call that would renew it ever
+returns. This module keeps, per held attempt, the send time of the newest claim or renewal that
+succeeded; the watchdog asks it which attempts are past their own deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+#: An attempt: (task instance id, attempt number).
+Pair = tuple[int, int]
+
+
+class LeaseClock:
+    """Send times of the last successful claim or renewal of each held attempt (thread-safe)."""
+
+    def __init__(self, *, lease_s: float, margin_s: float) -> None:
+        #: How long after a send the worker still trusts it owns the attempt.
+        self.trust_s = max(lease_s - margin_s, 0.0)
+        self._sent: dict[Pair, float] = {}
+        self._lock = threading.Lock()
+
+    def granted(self, pairs: Iterable[Pair], *, sent_at: float) -> None:
+        """Record that a claim or renewal sent at `sent_at` succeeded for `pairs`."""
+        with self._lock:
+            for pair in pairs:
+                if self._sent.get(pair, float("-inf")) < sent_at:
+                    self._sent[pair] = sent_at
+
+    def forget(self, pair: Pair) -> None:
+        """The attempt ended or was revoked: nothing to guard any more."""
+        with self._lock:
+            self._sent.pop(pair, None)
+
+    def expired(self, *, now: float) -> list[Pair]:
+        """Attempts whose last successful send is older than the trust window at `now`."""
+        with self._lock:
+            return sorted(p for p, sent in self._sent.items() if now - sent > self.trust_s)
+
+    def deadline(self, pair: Pair) -> float | None:
+        """The monotonic time after which `pair` is no longer trusted (None: not held)."""
+        with self._lock:
+            sent = self._sent.get(pair)
+        return None if sent is None else sent + self.trust_s
