@@ -73,10 +73,10 @@ class Cluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
     # -- processes -----------------------------------------------------------------------
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        """Start `treadle ARGS...` as process `name` (logs to ROOT/NAME.log)."""
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start `treadle ARGS...` as process `name` (logs to ROOT/NAME.log); `env` overrides."""
         assert name not in self.procs or self.procs[name].poll() is not None, f"{name} is running"
-        proc = start(list(args), self.env, self.root / f"{name}.log")
+        proc = start(list(args), {**self.env, **(env or {})}, self.root / f"{name}.log")
         self.procs[name] = proc
         return proc
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import pytest
+import sqlalchemy as sa
 
 from tests.helpers.wait import wait_for
 from treadle import dag, task
@@ -13,6 +15,8 @@ from treadle.domain.states import AttemptOutcome
 from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, complete_attempt, extend_leases, fail_attempt
 from treadle.engine.reaper import promote_due_retries, reap_expired_leases
+from treadle.store.database import db_now
+from treadle.store.tables import task_instances
 from treadle.testing import DagRunner
 
 
@@ -137,3 +141,82 @@ def test_claim_honours_limit_priority_and_queue(db_url: str) -> None:
         assert [t.task_id for t in other] == ["elsewhere"]
     finally:
         r.close()
+
+
+def test_a_buffered_attempt_is_started_only_while_its_worker_still_holds_it(runner: DagRunner) -> None:
+    from treadle.engine.cancellation import cancel_task
+    from treadle.engine.execution import start_claimed
+
+    run_id = runner.trigger()
+    [buffered] = claim_task_instances(
+        runner.db, worker_id="worker-a", hostname="h", queues=["default"], limit=1, lease_s=30, start=0
+    )
+    assert buffered.started_at is None
+    # Another worker id cannot start it; its own worker can, once.
+    assert start_claimed(runner.db, buffered, worker_id="worker-b") is None
+    started = start_claimed(runner.db, buffered, worker_id="worker-a")
+    assert started is not None and started.started_at is not None
+    assert start_claimed(runner.db, buffered, worker_id="worker-a") is None
+
+    run_id = runner.trigger()
+    [waiting] = [
+        t
+        for t in claim_task_instances(
+            runner.db, worker_id="worker-a", hostname="h", queues=["default"], limit=1, lease_s=30, start=0
+        )
+        if t.run_id == run_id
+    ]
+    cancel_task(runner.db, run_id, "work", actor="op")
+    assert start_claimed(runner.db, waiting, worker_id="worker-a") is None  # cancelled while buffered
+
+
+def test_a_buffered_attempt_is_not_timed_out_before_it_starts(db_url: str) -> None:
+    from treadle.engine.execution import start_claimed
+    from treadle.engine.reaper import enforce_execution_deadlines
+
+    r = DagRunner(bounded_dag, database_url=db_url)
+    try:
+        r.trigger()
+        [buffered] = claim_task_instances(
+            r.db, worker_id="w", hostname="h", queues=["default"], limit=1, lease_s=30, start=0
+        )
+
+        def times() -> tuple[datetime | None, datetime | None]:
+            with r.db.read() as conn:
+                row = conn.execute(sa.select(task_instances.c.started_at, task_instances.c.timeout_at)).one()
+            return row.started_at, row.timeout_at
+
+        assert times() == (None, None)  # the execution deadline starts at dispatch
+        claimed_at = buffered_claim_time(r)
+        wait_for(
+            lambda: db_clock(r) > claimed_at + timedelta(seconds=0.5), timeout=10, message="0.5 s to pass"
+        )
+        assert enforce_execution_deadlines(r.db, grace_s=0) == 0
+        assert start_claimed(r.db, buffered, worker_id="w") is not None
+        started_at, timeout_at = times()
+        assert started_at is not None and timeout_at is not None
+        assert started_at > claimed_at + timedelta(seconds=0.5)
+        assert abs((timeout_at - started_at).total_seconds() - 0.2) < 0.01
+    finally:
+        r.close()
+
+
+@task(timeout=0.2)
+def quick() -> None:
+    return None
+
+
+@dag(dag_id="bounded_dag")
+def bounded_dag() -> None:
+    quick()
+
+
+def db_clock(r: DagRunner) -> datetime:
+    with r.db.read() as conn:
+        return db_now(conn)
+
+
+def buffered_claim_time(r: DagRunner) -> datetime:
+    with r.db.read() as conn:
+        value: datetime = conn.execute(sa.select(task_instances.c.heartbeat_at)).scalar_one()
+    return value

@@ -55,3 +55,37 @@ def test_scheduler_never_imports_user_code_loader() -> None:
 
 def test_public_api_is_frozen() -> None:
     assert sorted(treadle.__all__) == ["Dag", "Dataset", "Param", "TaskContext", "TaskOutput", "dag", "task"]
+
+
+def _calls(path: Path, name: str) -> list[int]:
+    """Lines where `path` calls a function or method named `name`."""
+    tree = ast.parse(path.read_text())
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "attr", None) == name or getattr(node.func, "id", None) == name)
+    ]
+
+
+def test_run_states_are_written_only_by_the_run_protocol() -> None:
+    """Every run transition goes through engine/runs.py (close, reopen, cancel): the one place
+    that follows the run open/close protocol."""
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        if rel in ("engine/runs.py", "store/runs.py"):
+            continue
+        assert not _calls(path, "set_run_state"), f"{rel} writes a run state outside engine/runs.py"
+        assert not _calls(path, "lock_run_state") or rel == "engine/cancellation.py", (
+            f"{rel} locks a run row outside the protocol"
+        )
+
+
+def test_dialect_branches_live_in_store_dialects() -> None:
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        if rel in ("store/dialects.py", "store/database.py", "store/notifications.py") or "migrations" in rel:
+            continue
+        text = path.read_text()
+        for branch in ("dialect.name", ".dialect ==", "dialect == "):
+            assert branch not in text, f"{rel} branches on the dialect ({branch}); use store/dialects.py"

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Connection
 
 from treadle.domain.records import AttemptError, ClaimedTask
-from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, RunState, TaskState
-from treadle.domain.transitions import UseCase
+from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, TaskState
 from treadle.engine.dags import version_of
 from treadle.engine.execution import insert_attempt_record
-from treadle.engine.runs import close_run_if_done
+from treadle.engine.runs import cancel_run_row, close_run_if_done
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import cancellation as cancel_store
@@ -83,7 +82,7 @@ def _cancel(
             orphaned_count=0,
             dag_version_id=run.dag_version_id,
             logical_date=run.logical_date,
-            started_at=r.started_at or now,
+            started_at=r.started_at,
             timeout_s=None,
         )
         insert_attempt_record(
@@ -96,7 +95,7 @@ def _cancel(
             error=AttemptError(error_type="Cancelled", message=note, frame="treadle.cancel"),
         )
     if task_id is None:
-        run_store.set_run_state(conn, run_id, by=UseCase.CANCEL, new=RunState.CANCELLED, now=now)
+        cancel_run_row(conn, run_id, now=now)
     else:
         close_run_if_done(conn, run_id)
     audit.record(

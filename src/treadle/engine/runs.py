@@ -212,6 +212,11 @@ def reopen_run(conn: Connection, run_id: str, *, now: datetime, requeued_task: s
     return state
 
 
+def cancel_run_row(conn: Connection, run_id: str, *, now: datetime) -> bool:
+    """Close a run as cancelled (the caller cancelled its active instances under the run lock)."""
+    return run_store.set_run_state(conn, run_id, by=UseCase.CANCEL, new=RunState.CANCELLED, now=now)
+
+
 def finish_idle_runs(db: Database, *, limit: int = 500) -> int:
     """Sweep: close every running run that has no active task instance left.
 

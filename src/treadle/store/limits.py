@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from treadle.domain.states import TaskState
+from treadle.store import dialects
 from treadle.store.tables import dags, pools
 from treadle.store.tables import task_instances as ti
 
@@ -75,18 +76,14 @@ def _lock_dag_limits(conn: Connection, dag_ids: list[str]) -> dict[str, int]:
         .where(dags.c.dag_id.in_(dag_ids), dags.c.max_active_tasks.is_not(None))
         .order_by(dags.c.dag_id)
     )
-    if conn.dialect.name != "sqlite":
-        stmt = stmt.with_for_update()
-    return {r.dag_id: r.max_active_tasks for r in conn.execute(stmt)}
+    return {r.dag_id: r.max_active_tasks for r in conn.execute(dialects.lock_row(stmt, conn))}
 
 
 def _lock_pools(conn: Connection, names: list[str]) -> dict[str, int]:
     if not names:
         return {}
     stmt = sa.select(pools.c.name, pools.c.slots).where(pools.c.name.in_(names)).order_by(pools.c.name)
-    if conn.dialect.name != "sqlite":
-        stmt = stmt.with_for_update()
-    return {r.name: r.slots for r in conn.execute(stmt)}
+    return {r.name: r.slots for r in conn.execute(dialects.lock_row(stmt, conn))}
 
 
 def pool_usage(conn: Connection, names: list[str]) -> Counter[str]:

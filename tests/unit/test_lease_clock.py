@@ -1,0 +1,25 @@
+"""The worker's self-fencing clock: trust ends `lease - margin` after the last successful send."""
+
+from __future__ import annotations
+
+from treadle.worker.fencing import LeaseClock
+
+
+def test_trust_runs_from_the_send_time_of_the_last_successful_renewal() -> None:
+    clock = LeaseClock(lease_s=3.0, margin_s=1.0)
+    clock.granted([(1, 1), (2, 1)], sent_at=10.0)
+    assert clock.expired(now=11.9) == []
+    clock.granted([(1, 1)], sent_at=11.0)  # (2, 1) was not renewed
+    assert clock.expired(now=12.1) == [(2, 1)]
+    assert clock.deadline((1, 1)) == 13.0
+    assert clock.expired(now=13.1) == [(1, 1), (2, 1)]
+
+
+def test_an_older_send_never_extends_trust_and_a_forgotten_attempt_is_not_guarded() -> None:
+    clock = LeaseClock(lease_s=30.0, margin_s=5.0)
+    clock.granted([(7, 2)], sent_at=100.0)
+    clock.granted([(7, 2)], sent_at=90.0)  # a slow call that returned late
+    assert clock.deadline((7, 2)) == 125.0
+    clock.forget((7, 2))
+    assert clock.deadline((7, 2)) is None
+    assert clock.expired(now=1_000.0) == []
