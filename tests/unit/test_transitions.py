@@ -63,5 +63,6 @@ def test_the_architecture_document_holds_the_table_generated_from_the_code() -> 
     documented = text.split(begin, 1)[1].split(end, 1)[0].strip()
     assert documented == markdown_table().strip(), (
         "docs/architecture.md's transition table differs from domain/transitions.py; "
-        "regenerate it: python -m treadle.domain.transitions > table, paste between the markers"
+        "paste the output of `python -c 'from treadle.domain.transitions import markdown_table as t; "
+        "print(t())'` between the markers"
     )
