@@ -127,6 +127,57 @@ class ClaimedTask:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptRow:
+    """One attempt as the store reads it: claimed, or the reaper's evidence about it.
+
+    The first fields identify the attempt and its retry budget; the rest are filled by the
+    queries that select them (None otherwise).
+    """
+
+    id: int
+    run_id: str
+    dag_id: str
+    task_id: str
+    attempt: int
+    budget_base: int
+    orphaned_count: int
+    started_at: datetime | None = None
+    timeout_s: float | None = None
+    worker_id: str | None = None
+    hostname: str | None = None
+    lease_expires_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    timeout_at: datetime | None = None
+    queue: str = "default"
+    pool: str | None = None
+    pool_slots: int = 1
+    queued_at: datetime | None = None
+    dispatch_deadline: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActiveInstance:
+    """An active task instance of a run, as a cancel reads it (locked)."""
+
+    id: int
+    task_id: str
+    state: str
+    attempt: int
+    worker_id: str | None
+    hostname: str | None
+    started_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueFacts:
+    """What admission of one task instance depends on."""
+
+    queue: str
+    pool: str | None
+    pool_slots: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptError:
     """Why an attempt did not succeed (bounded text)."""
 

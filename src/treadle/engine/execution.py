@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.fingerprint import fingerprint
-from treadle.domain.records import AttemptError, ClaimedTask, RunInfo
+from treadle.domain.records import AttemptError, AttemptRow, ClaimedTask, RunInfo
 from treadle.domain.retry import RetryDecision, decide_retry
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import UseCase
@@ -108,7 +108,7 @@ def start_claimed(db: Database, task: ClaimedTask, *, worker_id: str) -> Claimed
 
 
 def attempt_of(
-    row: Any,  # Any: a Row from a claim or lease query
+    row: AttemptRow,
     run: RunInfo,
     *,
     started_at: datetime | None,
@@ -126,7 +126,7 @@ def attempt_of(
         dag_version_id=run.dag_version_id,
         logical_date=run.logical_date,
         started_at=started_at,
-        timeout_s=getattr(row, "timeout_s", None),
+        timeout_s=row.timeout_s,
         conf=run.params if run.params is not None else run.conf,
         manifest=run.manifest or {},
         upstream_results=upstream_results or {},

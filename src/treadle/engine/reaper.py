@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import AttemptError
+from treadle.domain.records import AttemptError, AttemptRow, RunInfo
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.diagnosis import queued_blocker
 from treadle.engine.execution import attempt_of, fail_attempt
@@ -43,7 +42,7 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
     does not spend the budget but counts towards poison).
     """
 
-    def evidence(conn: Connection) -> tuple[Any, list[Any], dict[str, Any]]:
+    def evidence(conn: Connection) -> tuple[datetime, list[AttemptRow], dict[str, RunInfo]]:
         now = db_now(conn)
         rows = ti_store.expired_leases(conn, now=now, limit=limit)
         runs = run_store.runs_for_versions(conn, sorted({r.run_id for r in rows}))
@@ -54,7 +53,7 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
     for r in rows:
         task = attempt_of(r, runs[r.run_id], started_at=r.started_at)
         message = (
-            f"lease expired at {r.lease_expires_at.isoformat()} (database time "
+            f"lease expired at {_at(r.lease_expires_at)} (database time "
             f"{now.isoformat()}); worker {r.worker_id} on {r.hostname} stopped heartbeating"
             + (f" after {r.heartbeat_at.isoformat()}" if r.heartbeat_at else "")
         )
@@ -65,8 +64,7 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
             outcome=AttemptOutcome.TIMED_OUT if timed_out else AttemptOutcome.LOST,
             error=AttemptError(
                 error_type="TaskTimeout" if timed_out else "LeaseExpired",
-                message=(f"execution deadline {r.timeout_at.isoformat()} passed; " if timed_out else "")
-                + message,
+                message=(f"execution deadline {_at(r.timeout_at)} passed; " if timed_out else "") + message,
                 frame="treadle.reaper",
             ),
             worker_id=None,
@@ -83,10 +81,15 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
                     "task_instance_id": r.id,
                     "attempt": r.attempt,
                     "worker_id": r.worker_id,
-                    "lease_expires_at": r.lease_expires_at.isoformat(),
+                    "lease_expires_at": _at(r.lease_expires_at),
                 },
             )
     return reaped
+
+
+def _at(value: datetime | None) -> str:
+    """A time for a message (the queries that select a row guarantee the column is set)."""
+    return value.isoformat() if value is not None else "unknown"
 
 
 def overran(*, timeout_at: datetime | None, heartbeat_at: datetime | None) -> bool:
@@ -101,7 +104,7 @@ def expire_dispatch_deadlines(db: Database, *, worker_stale_s: float, limit: int
     missing pool, a DAG limit), read with the evidence; then the retry policy applies.
     """
 
-    def evidence(conn: Connection) -> tuple[Any, list[Any], dict[str, Any], list[str]]:
+    def evidence(conn: Connection) -> tuple[datetime, list[AttemptRow], dict[str, RunInfo], list[str]]:
         now = db_now(conn)
         rows = ti_store.expired_dispatch(conn, now=now, limit=limit)
         runs = run_store.runs_for_versions(conn, sorted({r.run_id for r in rows}))
@@ -154,7 +157,7 @@ def enforce_execution_deadlines(db: Database, *, grace_s: float, limit: int = 20
     (stuck, or its clock or process wedged). Its late report is then discarded by the fence.
     """
 
-    def evidence(conn: Connection) -> tuple[Any, list[Any], dict[str, Any]]:
+    def evidence(conn: Connection) -> tuple[datetime, list[AttemptRow], dict[str, RunInfo]]:
         now = db_now(conn)
         rows = ti_store.overdue_running(conn, before=now - timedelta(seconds=grace_s), limit=limit)
         runs = run_store.runs_for_versions(conn, sorted({r.run_id for r in rows}))
@@ -166,7 +169,7 @@ def enforce_execution_deadlines(db: Database, *, grace_s: float, limit: int = 20
         task = attempt_of(r, runs[r.run_id], started_at=r.started_at or now)
         error = AttemptError(
             error_type="TaskTimeout",
-            message=f"execution deadline {r.timeout_at.isoformat()} passed and worker {r.worker_id} "
+            message=f"execution deadline {_at(r.timeout_at)} passed and worker {r.worker_id} "
             "did not end the attempt; ended by the reaper",
             frame="treadle.reaper",
         )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from treadle.domain.records import ActiveInstance
 from treadle.domain.states import TaskState
 from treadle.domain.transitions import UseCase, task_sources
 from treadle.store import dialects
@@ -17,14 +17,15 @@ from treadle.store.tables import task_instances as ti
 _ACTIVE = task_sources(UseCase.CANCEL, TaskState.CANCELLED)
 
 
-def active_instances(conn: Connection, *, run_id: str, task_ids: list[str] | None) -> list[Any]:
+def active_instances(conn: Connection, *, run_id: str, task_ids: list[str] | None) -> list[ActiveInstance]:
     """Active task instances of a run (all, or the given tasks), locked for the cancel."""
     stmt = sa.select(
         ti.c.id, ti.c.task_id, ti.c.state, ti.c.attempt, ti.c.worker_id, ti.c.hostname, ti.c.started_at
     ).where(ti.c.run_id == run_id, ti.c.state.in_(_ACTIVE))
     if task_ids is not None:
         stmt = stmt.where(ti.c.task_id.in_(task_ids))
-    return list(conn.execute(dialects.lock_row(stmt.order_by(ti.c.id), conn)))
+    rows = conn.execute(dialects.lock_row(stmt.order_by(ti.c.id), conn))
+    return [ActiveInstance(**r._mapping) for r in rows]
 
 
 def cancel_instances(conn: Connection, *, ids: list[int], now: datetime) -> int:

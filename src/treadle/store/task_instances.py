@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import TaskInstanceInfo
+from treadle.domain.records import AttemptRow, QueueFacts, TaskInstanceInfo
 from treadle.domain.states import TaskState
 from treadle.domain.transitions import UseCase, task_sources
 from treadle.store import dialects, limits
@@ -58,7 +58,7 @@ def claim(
     start: int,
     now: datetime | None,
     lease_s: float,
-) -> list[sa.Row[Any]]:
+) -> list[AttemptRow]:
     """Move up to `limit` queued task instances to running for this worker, highest priority first.
 
     Candidates are selected with `LIMIT ... FOR UPDATE SKIP LOCKED` (a plain SELECT, so the limit
@@ -68,7 +68,7 @@ def claim(
     the rest are claimed for the worker's buffer, unstarted until `start_claimed`. `now` None
     stamps rows with the statement's database time (see `stamp`).
     """
-    claimed: list[sa.Row[Any]] = []
+    claimed: list[AttemptRow] = []
     excluded = Exclusions()
     for _ in range(2):  # a second round looks past candidates that a full pool held back
         candidates = _candidates(conn, queues=queues, limit=limit - len(claimed), skip=excluded)
@@ -101,7 +101,7 @@ def _take(
     now: datetime | None,
     lease_s: float,
     started: bool,
-) -> list[sa.Row[Any]]:
+) -> list[AttemptRow]:
     if not ids:
         return []
     at = stamp(now)
@@ -122,9 +122,10 @@ def _take(
             dispatch_deadline=None,
         )
     )
-    return dialects.update_returning(
+    rows = dialects.update_returning(
         conn, stmt, (ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS), key=ti.c.id
     )
+    return _attempts(rows)
 
 
 def start_claimed(
@@ -237,7 +238,11 @@ def end_queued(
     return bool(conn.execute(stmt).rowcount)
 
 
-def expired_dispatch(conn: Connection, *, now: datetime, limit: int) -> list[sa.Row[Any]]:
+def _attempts(rows: Any) -> list[AttemptRow]:  # Any: an iterable of Rows
+    return [AttemptRow(**r._mapping) for r in rows]
+
+
+def expired_dispatch(conn: Connection, *, now: datetime, limit: int) -> list[AttemptRow]:
     """Queued task instances past their dispatch deadline (the reaper's evidence)."""
     stmt = (
         sa.select(
@@ -247,10 +252,10 @@ def expired_dispatch(conn: Connection, *, now: datetime, limit: int) -> list[sa.
         .order_by(ti.c.dispatch_deadline)
         .limit(limit)
     )
-    return list(conn.execute(stmt))
+    return _attempts(conn.execute(stmt))
 
 
-def overdue_running(conn: Connection, *, before: datetime, limit: int) -> list[sa.Row[Any]]:
+def overdue_running(conn: Connection, *, before: datetime, limit: int) -> list[AttemptRow]:
     """Running task instances whose execution deadline passed before `before`."""
     stmt = (
         sa.select(*_ATTEMPT_COLUMNS, ti.c.worker_id, ti.c.hostname, ti.c.started_at, ti.c.timeout_at)
@@ -258,7 +263,7 @@ def overdue_running(conn: Connection, *, before: datetime, limit: int) -> list[s
         .order_by(ti.c.timeout_at)
         .limit(limit)
     )
-    return list(conn.execute(stmt))
+    return _attempts(conn.execute(stmt))
 
 
 def _guard(
@@ -474,7 +479,7 @@ def promote_due_retries(conn: Connection, *, now: datetime, limit: int = 1000) -
     return int(result.rowcount)
 
 
-def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[sa.Row[Any]]:
+def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[AttemptRow]:
     """Return running task instances whose lease has expired (the reaper's evidence)."""
     stmt = (
         sa.select(
@@ -490,7 +495,7 @@ def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[sa.Ro
         .order_by(ti.c.lease_expires_at)
         .limit(limit)
     )
-    return list(conn.execute(stmt))
+    return _attempts(conn.execute(stmt))
 
 
 def extend_leases(
@@ -516,11 +521,12 @@ def get_task_instance(conn: Connection, task_instance_id: int) -> TaskInstanceIn
     return TaskInstanceInfo(**row._mapping) if row else None
 
 
-def get_queue_facts(conn: Connection, task_instance_id: int) -> Any:  # Any: a Row
+def get_queue_facts(conn: Connection, task_instance_id: int) -> QueueFacts:
     """Queue, pool and pool slots of one task instance (what admission depends on)."""
-    return conn.execute(
+    row = conn.execute(
         sa.select(ti.c.queue, ti.c.pool, ti.c.pool_slots).where(ti.c.id == task_instance_id)
     ).one()
+    return QueueFacts(**row._mapping)
 
 
 def list_for_run(conn: Connection, run_id: str) -> list[TaskInstanceInfo]:
