@@ -64,3 +64,63 @@ def test_lost_attempts_never_spend_the_retry_budget() -> None:
     assert after.retry and after.delay_s == POLICY.delay_range(1)[0]
     spent = decide_retry(no_retries, attempt_in_budget=3, orphaned_count=2, retryable=True, rand=0.5)
     assert spent.dead_letter_reason is DeadLetterReason.RETRIES_EXHAUSTED
+
+
+def test_a_failure_plan_waits_for_its_retry_or_dead_letters_with_a_reason() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from treadle.domain.retry import plan_failure
+    from treadle.domain.states import AttemptOutcome, TaskState
+
+    now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    policy = RetryPolicy(retries=1, retry_delay_s=10, jitter=0)
+    retry = plan_failure(
+        policy,
+        outcome=AttemptOutcome.FAILED,
+        attempt_in_budget=1,
+        orphaned_count=0,
+        retryable=True,
+        rand=0.5,
+        now=now,
+    )
+    assert (retry.state, retry.next_attempt_at, retry.dead_letter_reason, retry.orphaned) == (
+        TaskState.RETRY_WAIT,
+        now + timedelta(seconds=10),
+        None,
+        False,
+    )
+    spent = plan_failure(
+        policy,
+        outcome=AttemptOutcome.TIMED_OUT,
+        attempt_in_budget=2,
+        orphaned_count=0,
+        retryable=True,
+        rand=0,
+        now=now,
+    )
+    assert (spent.state, spent.next_attempt_at, spent.dead_letter_reason) == (
+        TaskState.DEAD_LETTER,
+        None,
+        "retries_exhausted",
+    )
+    # A loss spends nothing, but the third one is poison whatever the budget.
+    lost = plan_failure(
+        policy,
+        outcome=AttemptOutcome.LOST,
+        attempt_in_budget=5,
+        orphaned_count=1,
+        retryable=True,
+        rand=0,
+        now=now,
+    )
+    assert (lost.state, lost.orphaned) == (TaskState.RETRY_WAIT, True)
+    poison = plan_failure(
+        policy,
+        outcome=AttemptOutcome.LOST,
+        attempt_in_budget=5,
+        orphaned_count=2,
+        retryable=True,
+        rand=0,
+        now=now,
+    )
+    assert (poison.state, poison.dead_letter_reason) == (TaskState.DEAD_LETTER, "poison")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from treadle.domain.states import DeadLetterReason
+from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
 
 #: Lease expiries after which a task instance is dead-lettered as poison, whatever its budget.
 POISON_ORPHAN_LIMIT = 3
@@ -76,3 +77,53 @@ def decide_retry(
     if failures > policy.retries:
         return RetryDecision(retry=False, dead_letter_reason=DeadLetterReason.RETRIES_EXHAUSTED)
     return RetryDecision(retry=True, delay_s=policy.delay_s(failures, rand=rand))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailurePlan:
+    """Where the task instance of an attempt that did not succeed goes next."""
+
+    decision: RetryDecision
+    state: TaskState
+    next_attempt_at: datetime | None
+    #: The attempt was lost (its worker died): counted as an orphaning, not a failure.
+    orphaned: bool
+
+    @property
+    def dead_letter_reason(self) -> str | None:
+        """Why it is dead-lettered (None when it is retried)."""
+        reason = self.decision.dead_letter_reason
+        return reason.value if reason else None
+
+
+def plan_failure(
+    policy: RetryPolicy,
+    *,
+    outcome: AttemptOutcome,
+    attempt_in_budget: int,
+    orphaned_count: int,
+    retryable: bool,
+    rand: float,
+    now: datetime,
+) -> FailurePlan:
+    """Decide the next state of a task instance whose attempt ended `outcome` at `now`.
+
+    `orphaned_count` counts earlier lost attempts only; a `lost` outcome adds this one.
+    """
+    lost = outcome is AttemptOutcome.LOST
+    decision = decide_retry(
+        policy,
+        attempt_in_budget=attempt_in_budget,
+        orphaned_count=orphaned_count + (1 if lost else 0),
+        retryable=retryable,
+        rand=rand,
+        lost=lost,
+    )
+    if decision.retry:
+        return FailurePlan(
+            decision=decision,
+            state=TaskState.RETRY_WAIT,
+            next_attempt_at=now + timedelta(seconds=decision.delay_s),
+            orphaned=lost,
+        )
+    return FailurePlan(decision=decision, state=TaskState.DEAD_LETTER, next_attempt_at=None, orphaned=lost)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from treadle.domain.states import RunState, TaskState
+from treadle.domain.states import AttemptOutcome, RunState, TaskState
 
 
 class UseCase(StrEnum):
@@ -128,3 +128,10 @@ def markdown_table() -> str:
         lines += [f"| {t.source} | {t.target} | {t.by.value} | {t.why} |" for t in table]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def ending_use_case(outcome: AttemptOutcome, *, reported: bool) -> UseCase:
+    """Who ends a running attempt that did not succeed: its worker's report, or the reaper."""
+    if reported:
+        return UseCase.FAIL
+    return UseCase.REAP_LOST if outcome is AttemptOutcome.LOST else UseCase.REAP_TIMEOUT

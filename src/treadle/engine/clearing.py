@@ -13,27 +13,14 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagVersion
-from treadle.domain.graph import topological_order
-from treadle.domain.states import TaskState
-from treadle.domain.transitions import UseCase, task_sources
+from treadle.domain.clearing import plan_clear
 from treadle.engine.dags import version_of
 from treadle.engine.runs import reopen_run
-from treadle.errors import ClearConflict, InvalidRequest, RunNotFound
+from treadle.errors import ClearConflict, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import clearing as clear_store
 from treadle.store import runs as run_store
 from treadle.store.database import Database, db_now
-
-#: States a task instance may be cleared from (the state machine's clear edges).
-CLEARABLE_STATES = frozenset(task_sources(UseCase.CLEAR, TaskState.QUEUED))
-#: Upstream states that keep a task from ever becoming ready.
-_BLOCKING = frozenset(
-    s.value
-    for s in (TaskState.DEAD_LETTER, TaskState.UPSTREAM_FAILED, TaskState.CANCELLED, TaskState.SKIPPED)
-)
-#: Ended states that `only_failed` leaves alone.
-_GOOD = frozenset({TaskState.SUCCESS.value, TaskState.SKIPPED.value})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,33 +83,17 @@ def clear_in_transaction(
     if found is None:
         raise RunNotFound(f"no run {run_id!r}")
     version = version_of(db, conn, found.dag_version_id)
-    tasks = version.structure.tasks
-    if task_ids is not None:
-        if not task_ids:
-            raise InvalidRequest("name at least one task to clear")
-        unknown = sorted(set(task_ids) - set(tasks))
-        if unknown:
-            raise InvalidRequest(f"run {run_id!r} has no task {', '.join(map(repr, unknown))}")
     # Instances first, then (in reopen_run) the run, in the order every party locks them.
     instances = clear_store.lock_instances(conn, run_id)
-    states = {i.task_id: i.state for i in instances}
-    named = set(tasks) if task_ids is None else set(task_ids)
-    if only_failed:
-        named = {t for t in named if states.get(t) not in _GOOD}
-    targets = set(named)
-    if downstream:
-        for task_id in named:
-            targets.update(version.all_downstream(task_id))
-    targets &= set(states)
-    if not targets:
+    plan = plan_clear(
+        version, run_id, instances, task_ids=task_ids, downstream=downstream, only_failed=only_failed
+    )
+    if not plan.order:
         return []
-    _refuse_active(run_id, targets, states)
-    order = [t for t in topological_order(version.structure.upstream_map()) if t in targets]
-    resets, queued = _plan(version, order, states, instances)
-    recounts = _recounts(version, targets, states, instances)
     now = db_now(conn)
-    moved = clear_store.reset_instances(conn, resets, now=now) + clear_store.recount_pending(conn, recounts)
-    if moved != len(resets) + len(recounts):
+    moved = clear_store.reset_instances(conn, plan.resets, now=now)
+    moved += clear_store.recount_pending(conn, plan.recounts)
+    if moved != len(plan.resets) + len(plan.recounts):
         raise ClearConflict(run_id=run_id)
     reopen_run(conn, run_id, now=now)
     audit.record(
@@ -133,81 +104,12 @@ def clear_in_transaction(
         target=f"run:{run_id}",
         details={
             "reason": reason,
-            "tasks": order,
+            "tasks": plan.order,
             "requested": sorted(set(task_ids)) if task_ids is not None else None,
             "downstream": downstream,
             "only_failed": only_failed,
         },
     )
-    if queued:
+    if plan.queues_any:
         dialects.notify_ready(conn)
-    return order
-
-
-def _refuse_active(run_id: str, targets: set[str], states: dict[str, str]) -> None:
-    """InvalidRequest naming every target instance that has not finished."""
-    active = sorted(t for t in targets if states[t] not in CLEARABLE_STATES)
-    if active:
-        listed = ", ".join(f"{t} ({states[t]})" for t in active)
-        raise InvalidRequest(
-            f"cannot clear task(s) of run {run_id!r} that have not finished: {listed}; "
-            "wait for them to end or cancel them first"
-        )
-
-
-def _recounts(
-    version: DagVersion,
-    targets: set[str],
-    states: dict[str, str],
-    instances: list[clear_store.InstanceState],
-) -> list[tuple[int, int]]:
-    """Upstream counters of pending instances left out of the clear that follow a cleared task.
-
-    Their counter may count a cleared upstream's earlier success; it would be counted again
-    when that upstream succeeds anew, readying them too early.
-    """
-    upstream = version.structure.upstream_map()
-    counts = []
-    for inst in instances:
-        ups = upstream.get(inst.task_id, ())
-        if inst.task_id in targets or states[inst.task_id] != TaskState.PENDING.value:
-            continue
-        if any(u in targets for u in ups):
-            done = sum(1 for u in ups if u not in targets and states.get(u) == TaskState.SUCCESS.value)
-            counts.append((inst.id, done))
-    return counts
-
-
-def _plan(
-    version: DagVersion,
-    order: list[str],
-    states: dict[str, str],
-    instances: list[clear_store.InstanceState],
-) -> tuple[list[clear_store.Reset], bool]:
-    """The resets of the targets (in dependency order) and whether any becomes queued."""
-    upstream = version.structure.upstream_map()
-    final = dict(states)
-    by_task = {i.task_id: i for i in instances}
-    resets: list[clear_store.Reset] = []
-    any_queued = False
-    targets = set(order)
-    for task_id in order:
-        ups = upstream[task_id]
-        blocked = sorted(u for u in ups if u not in targets and final.get(u) in _BLOCKING)
-        if blocked:
-            listed = ", ".join(f"{u} ({final[u]})" for u in blocked)
-            raise InvalidRequest(
-                f"task {task_id!r} could never run: its upstream {listed} is not being cleared; "
-                "clear that upstream too (with --downstream to include what follows it)"
-            )
-        done = sum(1 for u in ups if final.get(u) == TaskState.SUCCESS.value)
-        queued = done == len(ups)
-        final[task_id] = (TaskState.QUEUED if queued else TaskState.PENDING).value
-        any_queued = any_queued or queued
-        inst = by_task[task_id]
-        resets.append(
-            clear_store.Reset(
-                id=inst.id, expected=inst.state, attempt=inst.attempt, queued=queued, upstream_done=done
-            )
-        )
-    return resets, any_queued
+    return plan.order

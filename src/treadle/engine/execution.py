@@ -8,16 +8,16 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from treadle.domain.fingerprint import fingerprint
 from treadle.domain.records import AttemptError, AttemptRow, ClaimedTask, RunInfo
-from treadle.domain.retry import RetryDecision, decide_retry
+from treadle.domain.retry import FailurePlan, RetryDecision, plan_failure
 from treadle.domain.states import AttemptOutcome, TaskState
-from treadle.domain.transitions import UseCase
+from treadle.domain.transitions import ending_use_case
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events
 from treadle.engine.runs import close_run_if_done
@@ -185,37 +185,17 @@ def complete_attempts(
             worker_id=worker_id,
             now=now,
         )
-        attempts, results, events = [], [], []
-        increments: Counter[tuple[str, str]] = Counter()
-        touched: set[str] = set()
+        applied = []
         for task, value, outlet_events in items:
             ended_at = ended.get((task.task_instance_id, task.attempt))
             if ended_at is None:
                 _discard(conn, task, "success")
-                continue
-            attempts.append(
-                _attempt_row(
-                    task, outcome=AttemptOutcome.SUCCESS, now=ended_at, worker_id=worker_id, hostname=hostname
+            else:
+                applied.append(
+                    _Applied(task=task, value=value, outlet_events=outlet_events, ended_at=ended_at)
                 )
-            )
-            results.append(
-                {
-                    "task_instance_id": task.task_instance_id,
-                    "run_id": task.run_id,
-                    "task_id": task.task_id,
-                    "value": value,
-                    "size_bytes": len(json.dumps(value)),
-                    "created_at": ended_at,
-                }
-            )
-            version = version_of(db, conn, task.dag_version_id)
-            outlets = version.structure.tasks[task.task_id].outlets
-            if outlets:
-                events.extend(outlet_event_rows(db, conn, task, outlets, outlet_events, at=ended_at))
-            increments.update((task.run_id, d) for d in version.downstream[task.task_id])
-            touched.add(task.run_id)
-        attempt_store.insert_attempts(conn, attempts)
-        attempt_store.put_results(conn, results)
+        events = _record_successes(db, conn, applied, worker_id=worker_id, hostname=hostname)
+        increments, touched = _downstream_effects(db, conn, applied)
         readied = (
             ti_store.count_upstream_successes(conn, increments=increments, now=now) if increments else set()
         )
@@ -230,6 +210,58 @@ def complete_attempts(
         return [Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _ in items]
 
     return db.transact(work)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Applied:
+    """A success whose compare-and-set moved its row (the worker still held the attempt)."""
+
+    task: ClaimedTask
+    value: Any  # Any: the task's JSON result
+    outlet_events: Mapping[str, OutletEvent]
+    ended_at: datetime
+
+
+def _record_successes(
+    db: Database, conn: Connection, applied: list[_Applied], *, worker_id: str, hostname: str
+) -> list[dict[str, Any]]:
+    """Append the attempt rows and results of applied successes; returns their dataset events
+    (written last, see `complete_attempts`)."""
+    attempts, results, events = [], [], []
+    for a in applied:
+        task = a.task
+        attempts.append(
+            _attempt_row(
+                task, outcome=AttemptOutcome.SUCCESS, now=a.ended_at, worker_id=worker_id, hostname=hostname
+            )
+        )
+        results.append(
+            {
+                "task_instance_id": task.task_instance_id,
+                "run_id": task.run_id,
+                "task_id": task.task_id,
+                "value": a.value,
+                "size_bytes": len(json.dumps(a.value)),
+                "created_at": a.ended_at,
+            }
+        )
+        outlets = version_of(db, conn, task.dag_version_id).structure.tasks[task.task_id].outlets
+        if outlets:
+            events.extend(outlet_event_rows(db, conn, task, outlets, a.outlet_events, at=a.ended_at))
+    attempt_store.insert_attempts(conn, attempts)
+    attempt_store.put_results(conn, results)
+    return events
+
+
+def _downstream_effects(
+    db: Database, conn: Connection, applied: list[_Applied]
+) -> tuple[Counter[tuple[str, str]], set[str]]:
+    """Upstream successes to count per (run, downstream task), and the runs the successes touched."""
+    increments: Counter[tuple[str, str]] = Counter()
+    for a in applied:
+        downstream = version_of(db, conn, a.task.dag_version_id).downstream[a.task.task_id]
+        increments.update((a.task.run_id, d) for d in downstream)
+    return increments, {a.task.run_id for a in applied}
 
 
 def complete_attempt(
@@ -266,56 +298,27 @@ def fail_attempt(
     `lease_expired_before` (outcome lost), `timeout_before` (timed_out while nobody enforced
     it) and `lost_by`, the worker that held the lease, for the record. For `dispatch_timeout`
     the task instance is still queued and `task.attempt` is the attempt it consumes; the
-    guard is its dispatch deadline, which must be before `timeout_before`.
+    guard is its dispatch deadline, which must be before `timeout_before`. A dead letter makes
+    its downstream upstream_failed and tries to close the run, in the same transaction.
     """
-    orphaned = outcome is AttemptOutcome.LOST
-    from_queue = outcome is AttemptOutcome.DISPATCH_TIMEOUT
     rand = random.random()
+    guard = _FailureGuard(
+        worker_id=worker_id, lease_expired_before=lease_expired_before, timeout_before=timeout_before
+    )
 
     def work(conn: Connection) -> Ending:
         now = db_now(conn)
         version = version_of(db, conn, task.dag_version_id)
-        decision = decide_retry(
+        plan = plan_failure(
             version.structure.tasks[task.task_id].retry,
+            outcome=outcome,
             attempt_in_budget=task.attempt - task.budget_base,
-            orphaned_count=task.orphaned_count + (1 if orphaned else 0),
+            orphaned_count=task.orphaned_count,
             retryable=error.retryable,
             rand=rand,
-            lost=orphaned,
+            now=now,
         )
-        if decision.retry:
-            state, next_at = TaskState.RETRY_WAIT, now + timedelta(seconds=decision.delay_s)
-        else:
-            state, next_at = TaskState.DEAD_LETTER, None
-        reason = decision.dead_letter_reason.value if decision.dead_letter_reason else None
-        if from_queue:
-            assert timeout_before is not None
-            moved = ti_store.end_queued(
-                conn,
-                task_instance_id=task.task_instance_id,
-                attempt=task.attempt,
-                new_state=state,
-                now=now,
-                deadline_before=timeout_before,
-                next_attempt_at=next_at,
-                dead_letter_reason=reason,
-            )
-        else:
-            moved = ti_store.end_running(
-                conn,
-                task_instance_id=task.task_instance_id,
-                attempt=task.attempt,
-                new_state=state,
-                by=_ending_use_case(outcome, reported=worker_id is not None),
-                now=now,
-                worker_id=worker_id,
-                lease_expired_before=lease_expired_before,
-                timeout_before=timeout_before,
-                next_attempt_at=next_at,
-                dead_letter_reason=reason,
-                orphaned=orphaned,
-            )
-        if not moved:
+        if not _end_failed(conn, task, plan, outcome=outcome, guard=guard, now=now):
             if worker_id is not None:
                 _discard(conn, task, outcome.value)
             return Ending(applied=False)
@@ -327,24 +330,64 @@ def fail_attempt(
             worker_id=worker_id or lost_by or "",
             hostname=hostname or "",
             error=error,
-            retry_delay_s=decision.delay_s if decision.retry else None,
-            started=not from_queue,
+            retry_delay_s=plan.decision.delay_s if plan.decision.retry else None,
+            started=outcome is not AttemptOutcome.DISPATCH_TIMEOUT,
         )
-        if state is TaskState.DEAD_LETTER:
+        if plan.state is TaskState.DEAD_LETTER:
             ti_store.mark_upstream_failed(
                 conn, run_id=task.run_id, now=now, task_ids=version.all_downstream(task.task_id)
             )
             close_run_if_done(conn, task.run_id)
-        return Ending(applied=True, decision=decision)
+        return Ending(applied=True, decision=plan.decision)
 
     return db.transact(work)
 
 
-def _ending_use_case(outcome: AttemptOutcome, *, reported: bool) -> UseCase:
-    """Who ends a running attempt: its worker's report, or the reaper with its evidence."""
-    if reported:
-        return UseCase.FAIL
-    return UseCase.REAP_LOST if outcome is AttemptOutcome.LOST else UseCase.REAP_TIMEOUT
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _FailureGuard:
+    """What entitles the caller to end the attempt: the worker's fence, or the reaper's evidence."""
+
+    worker_id: str | None
+    lease_expired_before: datetime | None
+    timeout_before: datetime | None
+
+
+def _end_failed(
+    conn: Connection,
+    task: ClaimedTask,
+    plan: FailurePlan,
+    *,
+    outcome: AttemptOutcome,
+    guard: _FailureGuard,
+    now: datetime,
+) -> bool:
+    """The guarded write of a failure plan; False if another party moved the attempt first."""
+    if outcome is AttemptOutcome.DISPATCH_TIMEOUT:
+        assert guard.timeout_before is not None
+        return ti_store.end_queued(
+            conn,
+            task_instance_id=task.task_instance_id,
+            attempt=task.attempt,
+            new_state=plan.state,
+            now=now,
+            deadline_before=guard.timeout_before,
+            next_attempt_at=plan.next_attempt_at,
+            dead_letter_reason=plan.dead_letter_reason,
+        )
+    return ti_store.end_running(
+        conn,
+        task_instance_id=task.task_instance_id,
+        attempt=task.attempt,
+        new_state=plan.state,
+        by=ending_use_case(outcome, reported=guard.worker_id is not None),
+        now=now,
+        worker_id=guard.worker_id,
+        lease_expired_before=guard.lease_expired_before,
+        timeout_before=guard.timeout_before,
+        next_attempt_at=plan.next_attempt_at,
+        dead_letter_reason=plan.dead_letter_reason,
+        orphaned=plan.orphaned,
+    )
 
 
 def hand_back_attempts(db: Database, tasks: list[ClaimedTask], *, worker_id: str, hostname: str) -> int:

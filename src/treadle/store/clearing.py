@@ -3,40 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from treadle.domain.clearing import InstanceState, Reset
 from treadle.domain.states import TaskState
 from treadle.domain.transitions import TransitionNotAllowed, UseCase, task_sources
 from treadle.store import dialects
 from treadle.store.tables import UTCDateTime
 from treadle.store.tables import task_instances as ti
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InstanceState:
-    """What a clear reads of one task instance (under a row lock)."""
-
-    id: int
-    task_id: str
-    map_index: int
-    state: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Reset:
-    """One task instance to put back: from `expected` (at `attempt`) to queued or pending."""
-
-    id: int
-    expected: str
-    attempt: int
-    queued: bool
-    upstream_done: int
 
 
 def lock_instances(conn: Connection, run_id: str) -> list[InstanceState]:
