@@ -20,8 +20,8 @@ from treadle.engine.dags import sync_dags, version_of
 from treadle.engine.execution import claim_task_instances, complete_attempts, fail_attempt
 from treadle.engine.leadership import Leadership
 from treadle.engine.runs import new_run
-from treadle.engine.scheduling import NotLeader, fire_due_schedules
-from treadle.errors import DagNotFound, InvalidRequest
+from treadle.engine.scheduling import fire_due_schedules
+from treadle.errors import DagNotFound, InvalidRequest, NotLeader
 from treadle.store import dags as dag_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
-from treadle.domain.params import ParamsInvalid, resolve_params
+from treadle.domain.params import resolve_params
 from treadle.domain.records import DagInfo, RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType
 from treadle.domain.timetable import ScheduleSpec, Timetable
@@ -34,8 +34,8 @@ from treadle.engine.clearing import clear_in_transaction
 from treadle.engine.dags import version_of
 from treadle.engine.runs import new_run
 from treadle.engine.schedules import fires_of
-from treadle.engine.scheduling import LEADER_LEASE, NotLeader
-from treadle.errors import DagNotFound, InvalidRequest, TreadleError
+from treadle.engine.scheduling import LEADER_LEASE
+from treadle.errors import BackfillConflict, DagNotFound, InvalidRequest, NotLeader, ParamsInvalid
 from treadle.store import audit, dialects
 from treadle.store import backfills as backfill_store
 from treadle.store import dags as dag_store
@@ -80,10 +80,6 @@ CREATE, SKIP_EXISTING, SKIP_ACTIVE, RERUN_FAILED, RERUN_ALL = (
     "rerun all",
 )
 _US = timedelta(microseconds=1)
-
-
-class BackfillConflict(TreadleError):
-    """A backfill changed during a drain pass (nothing was applied; the next pass retries)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -505,7 +501,7 @@ def drain_backfills(db: Database, *, holder: str, epoch: int, default_queue_time
     def work(conn: Connection) -> int:
         now = db_now(conn)
         if not lease_store.hold(conn, LEADER_LEASE, holder=holder, epoch=epoch, now=now):
-            raise NotLeader(f"{holder} no longer leads at epoch {epoch}")
+            raise NotLeader(holder=holder, epoch=epoch)
         running = backfill_store.lock_running(conn)
         if not running:
             return 0
@@ -558,7 +554,9 @@ def _drain_one(
             handled=b.handled + taken,
             now=now,
         ):
-            raise BackfillConflict(f"backfill {b.id} changed during the drain pass")
+            raise BackfillConflict(
+                f"backfill {b.id} changed during the drain pass", backfill_id=b.id, dag_id=b.dag_id
+            )
     done = cursor is None and active + started == 0
     if done and backfill_store.set_state(conn, b.id, expected=["running"], new="done", now=now):
         log.info("backfill done", extra={"event": "backfill.done", "backfill_id": b.id, "dag_id": b.dag_id})
@@ -793,7 +791,7 @@ def set_backfill_paused(db: Database, backfill_id: int, *, paused: bool, actor: 
             return False
         now = db_now(conn)
         if not backfill_store.set_state(conn, backfill_id, expected=[old], new=new, now=now):
-            raise BackfillConflict(f"backfill {backfill_id} changed meanwhile; try again")
+            raise BackfillConflict(backfill_id=backfill_id, dag_id=b.dag_id)
         audit.record(
             conn,
             at=now,
@@ -823,7 +821,7 @@ def cancel_backfill(db: Database, backfill_id: int, *, actor: str, reason: str =
             return False
         now = db_now(conn)
         if not backfill_store.set_state(conn, backfill_id, expected=[b.state], new="cancelled", now=now):
-            raise BackfillConflict(f"backfill {backfill_id} changed meanwhile; try again")
+            raise BackfillConflict(backfill_id=backfill_id, dag_id=b.dag_id)
         audit.record(
             conn,
             at=now,

@@ -31,11 +31,11 @@ from treadle.engine.retention import PruneReport, prune
 from treadle.engine.runs import finish_idle_runs
 from treadle.engine.scheduling import (
     FireReport,
-    NotLeader,
     fire_due_schedules,
     next_wakeup,
     prefetch_versions,
 )
+from treadle.errors import NotLeader
 from treadle.store.database import Database
 
 log = logging.getLogger("treadle.scheduler")
