@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import timedelta
 
-from treadle.engine.backfills import drain_backfills
+from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.datasets import trigger_dataset_runs
 from treadle.engine.leadership import Leadership
 from treadle.engine.reaper import (
