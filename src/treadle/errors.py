@@ -7,13 +7,27 @@ TreadleError
 ├── RunNotFound            no run with that id
 ├── TaskInstanceNotFound   no task instance with that id
 ├── InvalidRequest         input from a user that cannot be accepted (names the problem)
-│   └── RunCancelledError  a requeue would run work in a cancelled run (clear reopens it)
-├── ClearConflict          task instances moved while a clear read them (nothing applied)
+│   ├── ParamsInvalid      a trigger's conf breaks the DAG's params schema (dag_id, violations)
+│   └── RunCancelledError  a requeue would run work in a cancelled run (run_id, task_id)
+├── ClearConflict          task instances moved while a clear read them (run_id; nothing applied)
+├── NotLeader              the leader lease is lost: the caller stands down (holder, epoch)
+├── WatermarkMoved         a schedule's watermark moved under a firing pass (dag_ids, expected, moved)
+├── MarksMoved             a dataset consumption mark moved under a trigger pass (dag_ids, expected, moved)
+├── BackfillConflict       a backfill changed under a drain pass or an operator action (backfill_id, dag_id)
 ├── SchemaOutOfDate        the database schema is not at the code's revision
 └── DatabaseUnavailable    the database cannot be reached (after retries)
+
+The classes with facts take them as keyword-only fields, kept as attributes; their message is
+built from those fields unless one is given.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+#: Most violations spelled out in a ParamsInvalid message; all are kept in `violations`.
+MAX_LISTED_VIOLATIONS = 100
 
 
 class TreadleError(Exception):
@@ -47,6 +61,83 @@ class InvalidRequest(TreadleError):
     """The request cannot be accepted."""
 
 
+class Violation(Protocol):
+    """One problem found in a conf (domain/params.py's ParamViolation)."""
+
+    @property
+    def path(self) -> str:
+        """JSON path of the offending value."""
+
+    @property
+    def message(self) -> str:
+        """What is wrong, in plain English."""
+
+
+class ParamsInvalid(InvalidRequest):
+    """A trigger's conf does not satisfy the DAG's params schema."""
+
+    def __init__(self, message: str | None = None, *, dag_id: str, violations: Sequence[Violation]) -> None:
+        self.dag_id = dag_id
+        self.violations: tuple[Violation, ...] = tuple(violations)
+        super().__init__(message or self._describe())
+
+    def _describe(self) -> str:
+        n = len(self.violations)
+        lines = [f"  {v.path}: {v.message}" for v in self.violations[:MAX_LISTED_VIOLATIONS]]
+        if n > MAX_LISTED_VIOLATIONS:
+            lines.append(f"  ... and {n - MAX_LISTED_VIOLATIONS} more")
+        return f"params of dag {self.dag_id!r} are invalid ({n} problem(s)):\n" + "\n".join(lines)
+
+
+class NotLeader(TreadleError):
+    """This scheduler no longer holds the leader lease at the epoch it acts under."""
+
+    def __init__(self, message: str | None = None, *, holder: str, epoch: int) -> None:
+        self.holder = holder
+        self.epoch = epoch
+        super().__init__(message or f"{holder} no longer leads at epoch {epoch}")
+
+
+class WatermarkMoved(TreadleError):
+    """A schedule's watermark changed under this pass (its DAG was re-registered meanwhile)."""
+
+    def __init__(
+        self, message: str | None = None, *, dag_ids: Sequence[str], expected: int, moved: int
+    ) -> None:
+        #: DAGs whose watermarks the pass meant to move (one of them changed).
+        self.dag_ids = tuple(dag_ids)
+        self.expected = expected
+        self.moved = moved
+        super().__init__(
+            message or f"a schedule changed during the firing pass ({moved} of {expected} watermarks moved)"
+        )
+
+
+class MarksMoved(TreadleError):
+    """A consumption mark changed under a trigger pass (it is rolled back and retried)."""
+
+    def __init__(
+        self, message: str | None = None, *, dag_ids: Sequence[str], expected: int, moved: int
+    ) -> None:
+        #: DAGs whose marks the pass meant to move (one of their marks changed).
+        self.dag_ids = tuple(dag_ids)
+        self.expected = expected
+        self.moved = moved
+        super().__init__(
+            message
+            or f"a dataset consumption mark changed during the trigger pass ({moved} of {expected} moved)"
+        )
+
+
+class BackfillConflict(TreadleError):
+    """A backfill changed during a drain pass or an operator action (nothing was applied)."""
+
+    def __init__(self, message: str | None = None, *, backfill_id: int, dag_id: str) -> None:
+        self.backfill_id = backfill_id
+        self.dag_id = dag_id
+        super().__init__(message or f"backfill {backfill_id} of DAG {dag_id!r} changed meanwhile; try again")
+
+
 class SchemaOutOfDate(TreadleError):
     """The database schema is not at the revision this code expects; run `treadle db upgrade`."""
 
@@ -58,10 +149,11 @@ class DatabaseUnavailable(TreadleError):
 class RunCancelledError(InvalidRequest):
     """The run was cancelled: work in it is not requeued; `treadle tasks clear` reopens it."""
 
-    def __init__(self, *, run_id: str, task_id: str) -> None:
+    def __init__(self, message: str | None = None, *, run_id: str, task_id: str) -> None:
         self.run_id, self.task_id = run_id, task_id
         super().__init__(
-            f"run {run_id!r} was cancelled, so task {task_id!r} is not requeued into it; to run it "
+            message
+            or f"run {run_id!r} was cancelled, so task {task_id!r} is not requeued into it; to run it "
             f"again, reopen the run with `treadle tasks clear {run_id} {task_id}`"
         )
 
@@ -69,6 +161,8 @@ class RunCancelledError(InvalidRequest):
 class ClearConflict(TreadleError):
     """Task instances of a run changed while they were being cleared (nothing was applied)."""
 
-    def __init__(self, *, run_id: str) -> None:
+    def __init__(self, message: str | None = None, *, run_id: str) -> None:
         self.run_id = run_id
-        super().__init__(f"task instances of run {run_id!r} changed while being cleared; try again")
+        super().__init__(
+            message or f"task instances of run {run_id!r} changed while being cleared; try again"
+        )

@@ -12,19 +12,22 @@ import sqlalchemy as sa
 
 from tests.engine.dags_for_tests import four_steps
 from treadle import dag, task
+from treadle.domain.backfill_plan import BackfillPlan
 from treadle.domain.params import resolve_params
 from treadle.domain.records import AttemptError, RunInfo
 from treadle.domain.states import AttemptOutcome, RunType
-from treadle.engine import backfills as bf
+from treadle.engine import backfill_actions as bf
+from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.dags import sync_dags, version_of
 from treadle.engine.execution import claim_task_instances, complete_attempts, fail_attempt
 from treadle.engine.leadership import Leadership
 from treadle.engine.runs import new_run
-from treadle.engine.scheduling import NotLeader, fire_due_schedules
-from treadle.errors import DagNotFound, InvalidRequest
+from treadle.engine.scheduling import fire_due_schedules
+from treadle.errors import DagNotFound, InvalidRequest, NotLeader
 from treadle.store import dags as dag_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
+from treadle.store.backfills import BackfillInfo
 from treadle.store.database import Database, db_now
 from treadle.store.tables import audit_log, backfills, dag_runs
 
@@ -67,7 +70,7 @@ def _k(n: int) -> datetime:
     return START + n * HOUR
 
 
-def _create(db: Database, **kw: Any) -> bf.BackfillInfo:
+def _create(db: Database, **kw: Any) -> BackfillInfo:
     args: dict[str, Any] = {
         "from_date": _k(1),
         "to_date": _k(10),
@@ -80,7 +83,7 @@ def _create(db: Database, **kw: Any) -> bf.BackfillInfo:
     return bf.create_backfill(db, "hourly", **args)
 
 
-def _plan(db: Database, **kw: Any) -> bf.BackfillPlan:
+def _plan(db: Database, **kw: Any) -> BackfillPlan:
     args: dict[str, Any] = {"from_date": _k(1), "to_date": _k(10), "reason": "r", "max_active": 3}
     args.update(kw)
     return bf.plan_backfill(db, "hourly", **args)
@@ -150,9 +153,7 @@ def _leader(db: Database, holder: str = "s1", lease_s: float = 60) -> Leadership
 
 def _drain(db: Database, leadership: Leadership) -> int:
     assert leadership.epoch is not None
-    return bf.drain_backfills(
-        db, holder=leadership.holder, epoch=leadership.epoch, default_queue_timeout_s=600
-    )
+    return drain_backfills(db, holder=leadership.holder, epoch=leadership.epoch, default_queue_timeout_s=600)
 
 
 def _state(db: Database, backfill_id: int) -> bf.BackfillStatus:

@@ -25,8 +25,7 @@ from treadle.engine.execution import claim_task_instances, complete_attempts
 from treadle.engine.leadership import Leadership
 from treadle.engine.pausing import set_paused
 from treadle.engine.runs import new_run
-from treadle.engine.scheduling import NotLeader
-from treadle.errors import InvalidRequest
+from treadle.errors import InvalidRequest, NotLeader
 from treadle.store import datasets as dataset_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store

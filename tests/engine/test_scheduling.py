@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy.engine import Connection
 
 from treadle import Param, TaskContext, dag, task
-from treadle.domain.params import ParamsInvalid
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunState
 from treadle.domain.transitions import UseCase
@@ -18,7 +17,8 @@ from treadle.engine.dags import sync_dags
 from treadle.engine.leadership import Leadership
 from treadle.engine.pausing import set_paused
 from treadle.engine.runs import trigger_run
-from treadle.engine.scheduling import NotLeader, fire_due_schedules
+from treadle.engine.scheduling import fire_due_schedules
+from treadle.errors import NotLeader, ParamsInvalid
 from treadle.store import runs as run_store
 from treadle.store import schedules as schedule_store
 from treadle.store.database import Database, db_now

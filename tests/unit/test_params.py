@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from treadle import errors
 from treadle.authoring.params import NOTSET, Param, build_params_schema
 from treadle.domain import params as domain_params
-from treadle.domain.params import ParamsInvalid, ParamViolation, check_schema, resolve_params
-from treadle.errors import DagDefinitionError, InvalidRequest
+from treadle.domain.params import ParamViolation, check_schema, resolve_params
+from treadle.errors import DagDefinitionError, InvalidRequest, ParamsInvalid
 
 WHERE = "dag 'etl'"
 
@@ -376,17 +377,17 @@ def test_params_invalid_message_lists_every_path(etl_schema: dict[str, Any]) -> 
 
 
 def test_params_invalid_built_directly() -> None:
-    err = ParamsInvalid("d", [ParamViolation("$.a", "bad")])
+    err = ParamsInvalid(dag_id="d", violations=[ParamViolation("$.a", "bad")])
     assert str(err) == "params of dag 'd' are invalid (1 problem(s)):\n  $.a: bad"
     assert err.violations == (ParamViolation("$.a", "bad"),)
 
 
 def test_params_invalid_message_is_capped_but_violations_are_kept() -> None:
     schema = _build({"a": 1})
-    conf = {f"k{i:04d}": i for i in range(domain_params.MAX_LISTED_VIOLATIONS + 5)}
+    conf = {f"k{i:04d}": i for i in range(errors.MAX_LISTED_VIOLATIONS + 5)}
     with pytest.raises(ParamsInvalid) as info:
         resolve_params("etl", schema, conf)
-    assert len(info.value.violations) == domain_params.MAX_LISTED_VIOLATIONS + 5
+    assert len(info.value.violations) == errors.MAX_LISTED_VIOLATIONS + 5
     assert str(info.value).splitlines()[-1] == "  ... and 5 more"
 
 

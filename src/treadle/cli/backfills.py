@@ -11,7 +11,8 @@ import click
 
 from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import console, emit_json, fmt_time, table, to_jsonable
-from treadle.engine import backfills as engine
+from treadle.domain.backfill_plan import MODES, BackfillPlan
+from treadle.engine import backfill_actions as engine
 from treadle.errors import InvalidRequest
 
 #: Seconds between two polls of a watched backfill.
@@ -30,7 +31,7 @@ SHOW_RUNS = 100
 )
 @click.option(
     "--mode",
-    type=click.Choice(list(engine.MODES)),
+    type=click.Choice(list(MODES)),
     default="normal",
     show_default=True,
     help="shadow: runs record no dataset events.",
@@ -111,7 +112,7 @@ def _dag_paused(ctx: Context, dag_id: str) -> bool:
     return bool(dag and dag.is_paused)
 
 
-def _print_plan(plan: engine.BackfillPlan, *, as_json: bool) -> None:
+def _print_plan(plan: BackfillPlan, *, as_json: bool) -> None:
     if as_json:
         emit_json({**to_jsonable(plan), "total": plan.total, "dry_run": True})
         return

@@ -5,23 +5,20 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
-from treadle.errors import InvalidRequest
+from treadle.errors import ParamsInvalid
 
 #: JSON Schema dialect of every params schema.
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 #: Longest violation message kept; longer ones (a huge value echoed back) are cut.
 MAX_MESSAGE_CHARS = 300
-
-#: Most violations spelled out in a ParamsInvalid message; all are kept in `violations`.
-MAX_LISTED_VIOLATIONS = 100
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -36,19 +33,6 @@ class ParamViolation:
     path: str
     #: What is wrong, in plain English.
     message: str
-
-
-class ParamsInvalid(InvalidRequest):
-    """A trigger's conf does not satisfy the DAG's params schema."""
-
-    def __init__(self, dag_id: str, violations: Sequence[ParamViolation]) -> None:
-        self.dag_id = dag_id
-        self.violations: tuple[ParamViolation, ...] = tuple(violations)
-        n = len(self.violations)
-        lines = [f"  {v.path}: {v.message}" for v in self.violations[:MAX_LISTED_VIOLATIONS]]
-        if n > MAX_LISTED_VIOLATIONS:
-            lines.append(f"  ... and {n - MAX_LISTED_VIOLATIONS} more")
-        super().__init__(f"params of dag {dag_id!r} are invalid ({n} problem(s)):\n" + "\n".join(lines))
 
 
 def check_schema(schema: dict[str, Any]) -> None:
@@ -81,7 +65,8 @@ def resolve_params(dag_id: str, schema: dict[str, Any] | None, conf: Mapping[str
     """
     if not isinstance(conf, Mapping):
         raise ParamsInvalid(
-            dag_id, [ParamViolation("$", f"conf must be a JSON object, not {_type_name(conf)}")]
+            dag_id=dag_id,
+            violations=[ParamViolation("$", f"conf must be a JSON object, not {_type_name(conf)}")],
         )
     merged = copy.deepcopy(dict(conf))
     if schema is None:
@@ -97,7 +82,7 @@ def resolve_params(dag_id: str, schema: dict[str, Any] | None, conf: Mapping[str
             violation = ParamViolation(_json_path(parts), _clip(message))
             found.setdefault((_parts_key(parts), violation.message), violation)
     if found:
-        raise ParamsInvalid(dag_id, [found[key] for key in sorted(found)])
+        raise ParamsInvalid(dag_id=dag_id, violations=[found[key] for key in sorted(found)])
     return merged
 
 

@@ -29,14 +29,14 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.identifiers import is_dataset_name
 from treadle.domain.manifest import DatasetConsumption
-from treadle.domain.params import ParamsInvalid, resolve_params
+from treadle.domain.params import resolve_params
 from treadle.domain.records import ClaimedTask, RunInfo
 from treadle.domain.states import RunType
 from treadle.domain.timetable import ScheduleSpec
 from treadle.engine.dags import version_of
 from treadle.engine.runs import new_run
-from treadle.engine.scheduling import LEADER_LEASE, SCHEDULER_IDENTITY, NotLeader
-from treadle.errors import InvalidRequest, TreadleError
+from treadle.engine.scheduling import LEADER_LEASE, SCHEDULER_IDENTITY
+from treadle.errors import InvalidRequest, MarksMoved, NotLeader, ParamsInvalid
 from treadle.store import datasets as dataset_store
 from treadle.store import dialects
 from treadle.store import leases as lease_store
@@ -57,10 +57,6 @@ MAX_RUNS_PER_PASS = 100
 MAX_EVENTS_LIMIT = 1_000
 #: Longest event version (the `dataset_events.version` column; the task context checks it too).
 MAX_VERSION_CHARS = 250
-
-
-class MarksMoved(TreadleError):
-    """A consumption mark changed under a trigger pass (it is rolled back and retried)."""
 
 
 # -- recording ------------------------------------------------------------------------------------
@@ -166,7 +162,7 @@ def trigger_dataset_runs(
     def work(conn: Connection) -> int:
         now = db_now(conn)
         if not lease_store.hold(conn, LEADER_LEASE, holder=holder, epoch=epoch, now=now):
-            raise NotLeader(f"{holder} no longer leads at epoch {epoch}")
+            raise NotLeader(holder=holder, epoch=epoch)
         rows = schedule_store.dataset_schedules(conn)
         if not rows:
             return 0
@@ -196,8 +192,9 @@ def trigger_dataset_runs(
                 runs.append(built[0])
                 instances.extend(built[1])
             moves.extend((row.dag_id, n, mine.get(n), latest[n]) for n in spec.datasets)
-        if moves and dataset_store.set_marks(conn, moves) != len(moves):
-            raise MarksMoved("a dataset consumption mark changed during the trigger pass")
+        moved = dataset_store.set_marks(conn, moves) if moves else 0
+        if moved != len(moves):
+            raise MarksMoved(dag_ids=sorted({m[0] for m in moves}), expected=len(moves), moved=moved)
         if runs:
             run_store.insert_runs(conn, runs)
             ti_store.insert_task_instances(conn, instances)

@@ -18,13 +18,13 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
-from treadle.domain.params import ParamsInvalid, resolve_params
+from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunType
 from treadle.engine.dags import versions_of
 from treadle.engine.runs import new_run
 from treadle.engine.schedules import fires_of
-from treadle.errors import TreadleError
+from treadle.errors import NotLeader, ParamsInvalid, WatermarkMoved
 from treadle.store import dialects
 from treadle.store import leases as lease_store
 from treadle.store import runs as run_store
@@ -40,14 +40,6 @@ LEADER_LEASE = "scheduler"
 MAX_RUNS_PER_SCHEDULE_PASS = 100
 #: Identity recorded as `triggered_by` on runs the scheduler creates.
 SCHEDULER_IDENTITY = "scheduler"
-
-
-class NotLeader(TreadleError):
-    """This scheduler no longer holds the leader lease at the epoch it acts under."""
-
-
-class WatermarkMoved(TreadleError):
-    """A schedule's watermark changed under this pass (its DAG was re-registered meanwhile)."""
 
 
 @dataclass(slots=True)
@@ -79,7 +71,7 @@ def fire_due_schedules(
     def work(conn: Connection) -> FireReport:
         now = db_now(conn)
         if not lease_store.hold(conn, LEADER_LEASE, holder=holder, epoch=epoch, now=now):
-            raise NotLeader(f"{holder} no longer leads at epoch {epoch}")
+            raise NotLeader(holder=holder, epoch=epoch)
         report = FireReport(now=now)
         due = schedule_store.due(conn, now=now, limit=limit)
         report.examined = len(due)
@@ -102,8 +94,9 @@ def fire_due_schedules(
             db, conn, plans, report, epoch=epoch, now=now, queue_timeout_s=default_queue_timeout_s
         )
         moves = [(p.row.dag_id, p.row.next_fire_at, p.last_fire_at, p.next_fire_at) for p in plans]
-        if schedule_store.advance(conn, moves, now=now) != len(moves):
-            raise WatermarkMoved("a schedule changed during the firing pass")
+        moved = schedule_store.advance(conn, moves, now=now)
+        if moved != len(moves):
+            raise WatermarkMoved(dag_ids=[m[0] for m in moves], expected=len(moves), moved=moved)
         if runs:
             run_store.insert_runs(conn, runs)
             ti_store.insert_task_instances(conn, instances)

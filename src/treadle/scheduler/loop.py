@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import timedelta
 
-from treadle.engine.backfills import drain_backfills
+from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.datasets import trigger_dataset_runs
 from treadle.engine.leadership import Leadership
 from treadle.engine.reaper import (
@@ -31,11 +31,11 @@ from treadle.engine.retention import PruneReport, prune
 from treadle.engine.runs import finish_idle_runs
 from treadle.engine.scheduling import (
     FireReport,
-    NotLeader,
     fire_due_schedules,
     next_wakeup,
     prefetch_versions,
 )
+from treadle.errors import NotLeader
 from treadle.store.database import Database
 
 log = logging.getLogger("treadle.scheduler")
