@@ -65,3 +65,17 @@ def test_rolling_restart_loses_nothing(pg_url: str, cluster: Callable[..., Clust
     assert outcomes["success"] == 150
     per_task = collections.Counter(a.task_id for a in detail.attempts if a.outcome == "success")
     assert set(per_task.values()) == {1}
+
+
+def test_sigterm_while_a_worker_starts_its_task_processes_is_a_clean_stop(
+    pg_url: str, cluster: Callable[..., Cluster]
+) -> None:
+    """The group signal reaches task processes still starting (before they have their own
+    group); the worker spawns them again and then stops as asked, exit 0, instead of crashing."""
+    c = cluster(pg_url)
+    c.write_dag("rolling.py", ROLLING_DAG, count=3)
+    proc = c.worker("w", concurrency=8)
+    wait_for(lambda: "dags synced" in c.log("w"), timeout=60, interval=0.01, message="the worker to sync")
+    c.signal("w", signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, c.log("w")
+    assert "worker stopped" in c.log("w")

@@ -19,12 +19,15 @@ from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.datasets import OutletEvent, parse_outlet_events
 from treadle.engine.execution import Ending, complete_attempt, fail_attempt
+from treadle.errors import TreadleError
 from treadle.store.database import Database
 from treadle.worker.child import child_main
 from treadle.worker.protocol import Message, receive, run_message, send, to_attempt_error
 
 log = logging.getLogger("treadle.worker")
 _spawn = mp.get_context("spawn")
+#: Times a slot spawns a child that dies before it is ready, before giving up.
+SPAWN_TRIES = 3
 
 
 class ChildProcess:
@@ -38,15 +41,35 @@ class ChildProcess:
         self.start()
 
     def start(self) -> None:
-        """Spawn the child and wait until it has imported the DAG folder."""
-        parent, child = _spawn.Pipe()
-        self.process = _spawn.Process(
-            target=child_main, args=(child, str(self.folder), self.max_result_bytes), daemon=True
-        )
-        self.process.start()
-        child.close()
-        self.conn = parent
-        receive(parent)  # "ready" once the DAG folder is imported
+        """Spawn the child and wait until it has imported the DAG folder.
+
+        A child that dies before it is ready is spawned again (a signal sent to the worker's
+        process group reaches a child still starting, before it has its own group), up to
+        SPAWN_TRIES times; then the worker cannot run tasks and says why.
+        """
+        for attempt in range(1, SPAWN_TRIES + 1):
+            parent, child = _spawn.Pipe()
+            self.process = _spawn.Process(
+                target=child_main, args=(child, str(self.folder), self.max_result_bytes), daemon=True
+            )
+            self.process.start()
+            child.close()
+            try:
+                receive(parent)  # "ready" once the DAG folder is imported
+            except (EOFError, OSError):
+                parent.close()
+                description = self.exit_description()
+                log.warning(
+                    "task process died while starting",
+                    extra={"event": "worker.child_start_failed", "attempt": attempt, "exit": description},
+                )
+                if attempt == SPAWN_TRIES:
+                    raise TreadleError(
+                        f"a task process died while starting, {SPAWN_TRIES} times (last: {description})"
+                    ) from None
+                continue
+            self.conn = parent
+            return
 
     def kill(self) -> None:
         """Kill the child's process group (the task and anything it started)."""
