@@ -5,6 +5,8 @@
   second worker starts attempt 2. Attempt 1 must be dead before attempt 2 starts: its process
   tree is killed by the worker's watchdog within the lease, not when a call returns.
 * Prefetch: an attempt cancelled while it waits in a worker's buffer never starts.
+
+Both on PostgreSQL and on MariaDB.
 """
 
 from __future__ import annotations
@@ -20,7 +22,22 @@ from tests.helpers.proxy import FreezableProxy
 from tests.helpers.wait import wait_for
 from treadle.store.tables import task_instances
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.e2e]
+
+#: The database servers, and the port each listens on.
+SERVERS = [
+    pytest.param(("pg_url", 5432), marks=pytest.mark.postgres, id="postgresql"),
+    pytest.param(("mysql_url", 3306), marks=pytest.mark.mysql, id="mariadb"),
+]
+
+
+@pytest.fixture(params=SERVERS)
+def server(request: pytest.FixtureRequest) -> tuple[str, int]:
+    """(database URL, server port) of a fresh database on each server."""
+    fixture, port = request.param
+    url: str = request.getfixturevalue(fixture)
+    return url, port
+
 
 TICKER_DAG = """
     from __future__ import annotations
@@ -63,22 +80,23 @@ def _ticks(path: Path) -> dict[int, list[float]]:
 
 
 @pytest.fixture
-def frozen_path() -> Iterator[FreezableProxy]:
-    proxy = FreezableProxy(("127.0.0.1", 5432))
+def frozen_path(server: tuple[str, int]) -> Iterator[FreezableProxy]:
+    proxy = FreezableProxy(("127.0.0.1", server[1]))
     yield proxy
     proxy.close()
 
 
 def test_a_hung_database_call_never_lets_two_attempts_run_at_once(
-    pg_url: str, cluster: Callable[..., Cluster], frozen_path: FreezableProxy
+    server: tuple[str, int], cluster: Callable[..., Cluster], frozen_path: FreezableProxy
 ) -> None:
-    c = cluster(pg_url, **SHORT_LEASE)  # lease 3 s, heartbeat 1 s
+    url, port = server
+    c = cluster(url, **SHORT_LEASE)  # lease 3 s, heartbeat 1 s
     ticks = c.root / "ticks.log"
     c.write_dag("ticking.py", TICKER_DAG, ticks=str(ticks), pids=str(c.pids))
     assert c.cli("dags", "sync").returncode == 0
     c.start("scheduler", "scheduler")
-    via_proxy = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{frozen_path.port}")
-    assert via_proxy != pg_url
+    via_proxy = url.replace(f"127.0.0.1:{port}", f"127.0.0.1:{frozen_path.port}")
+    assert via_proxy != url
     c.start("w1", "worker", env={"TREADLE_DATABASE_URL": via_proxy})
 
     run_id = c.trigger("ticking")
@@ -141,9 +159,9 @@ BUFFER_DAG = """
 
 
 def test_an_attempt_cancelled_in_the_prefetch_buffer_never_starts(
-    pg_url: str, cluster: Callable[..., Cluster]
+    server: tuple[str, int], cluster: Callable[..., Cluster]
 ) -> None:
-    c = cluster(pg_url, **SHORT_LEASE)
+    c = cluster(server[0], **SHORT_LEASE)
     events, release = c.root / "events.log", c.root / "release"
     c.write_dag("buffered.py", BUFFER_DAG, events=str(events), release=str(release))
     assert c.cli("dags", "sync").returncode == 0
