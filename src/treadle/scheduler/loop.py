@@ -52,6 +52,8 @@ PREFETCH_AHEAD_S = 10.0
 PREFETCH_MIN_IDLE_S = 0.2
 #: Seconds between two attempts of a standby to take the leader lease.
 STANDBY_POLL_S = 0.5
+#: A step that took longer than this share of the worker lease counts as a database stall.
+STALL_SHARE = 0.5
 
 
 class Scheduler:
@@ -83,18 +85,21 @@ class Scheduler:
         #: Monotonic times of the next lease refresh and the next maintenance tick.
         self.next_lease_at = 0.0
         self.next_tick_at = 0.0
+        #: Monotonic time since which the database has answered steadily. Deadlines measured in
+        #: database time (leases above all) ran on while nobody could renew them, so after an
+        #: outage or a stall they are applied only once workers had one lease to renew.
+        self.reachable_since = float("-inf")
         self.stopping = threading.Event()
         self.fire_pool = ThreadPoolExecutor(max_workers=FIRE_PARALLEL, thread_name_prefix="treadle-fire")
 
     def tick(self) -> dict[str, int]:
         """Run one maintenance pass (deadlines, retries, runs); returns what it changed."""
-        changes = {
-            "retries_queued": promote_due_retries(self.db),
-            "leases_reaped": reap_expired_leases(self.db),
-            "deadlines_enforced": enforce_execution_deadlines(self.db, grace_s=self.lease_s),
-            "dispatch_timeouts": expire_dispatch_deadlines(self.db, worker_stale_s=self.lease_s),
-            "runs_finished": finish_idle_runs(self.db),
-        }
+        changes = {"retries_queued": promote_due_retries(self.db)}
+        if time.monotonic() - self.reachable_since >= self.lease_s:
+            changes["leases_reaped"] = reap_expired_leases(self.db)
+            changes["deadlines_enforced"] = enforce_execution_deadlines(self.db, grace_s=self.lease_s)
+            changes["dispatch_timeouts"] = expire_dispatch_deadlines(self.db, worker_stale_s=self.lease_s)
+        changes["runs_finished"] = finish_idle_runs(self.db)
         self.prune_step()
         return changes
 
@@ -219,16 +224,28 @@ class Scheduler:
         """
         failures = 0
         while not self.stopping.is_set():
+            began = time.monotonic()
             try:
                 delay = self.step()
                 failures = 0
+                if time.monotonic() - began > self.lease_s * STALL_SHARE:
+                    self._database_was_unreachable("a step stalled")
             except Exception:
                 failures += 1
                 log.exception("scheduler step failed", extra={"event": "scheduler.step_error"})
+                self._database_was_unreachable("a step failed")
                 delay = min(self.tick_s * 2**failures, 30.0) * (0.5 + random.random())
             self.stopping.wait(delay)
         self.fire_pool.shutdown(wait=True)
         self.leadership.resign()
+
+    def _database_was_unreachable(self, why: str) -> None:
+        """Hold lease and deadline enforcement for one lease from now (see `reachable_since`)."""
+        self.reachable_since = time.monotonic()
+        log.warning(
+            "database unreachable or stalled; lease expiries and deadlines wait one lease",
+            extra={"event": "scheduler.deadlines_held", "why": why, "hold_s": self.lease_s},
+        )
 
     def stop(self) -> None:
         """Stop after the current step (and release the leader lease)."""

@@ -28,6 +28,8 @@ log = logging.getLogger("treadle.worker")
 _spawn = mp.get_context("spawn")
 #: Times a slot spawns a child that dies before it is ready, before giving up.
 SPAWN_TRIES = 3
+#: Longest pause between two tries to record a held outcome (seconds).
+MAX_RECORD_RETRY_S = 5.0
 
 
 class ChildProcess:
@@ -140,6 +142,8 @@ class Slot(threading.Thread):
         self.running: Running | None = None
         self._assigned = threading.Event()
         self._stopping = threading.Event()
+        self._abandoned = threading.Event()
+        self._holding = threading.Event()
 
     def assign(self, task: ClaimedTask) -> None:
         """Give this idle slot an attempt to run."""
@@ -170,10 +174,16 @@ class Slot(threading.Thread):
     def abandon(self) -> Running | None:
         """Stop now: kill the running attempt without reporting it; returns what it was running."""
         current = self.running
+        self._abandoned.set()
         self.stop()
         if current is not None:
             current.revoked = True
         return current
+
+    @property
+    def holding_outcome(self) -> bool:
+        """True while a finished attempt's outcome waits for the database to take it."""
+        return self._holding.is_set()
 
     def run(self) -> None:
         self.on_idle(self)
@@ -208,19 +218,57 @@ class Slot(threading.Thread):
                 outcome = _invalid_outlet_events(str(exc))
             else:
                 # A lost attempt's report is discarded there.
-                self.complete(task, outcome.get("value"), annotations)
+                value = outcome.get("value")
+                self._record(task, lambda: self.complete(task, value, annotations))
                 return
         kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
         error = to_attempt_error(outcome)
-        ending = fail_attempt(
-            self.db,
+        ending = self._record(
             task,
-            outcome=kind,
-            error=error,
-            worker_id=self.worker_id,
-            hostname=self.hostname,
+            lambda: fail_attempt(
+                self.db, task, outcome=kind, error=error, worker_id=self.worker_id, hostname=self.hostname
+            ),
         )
+        if ending is None:
+            return
         self._callback(ending, definition.has_on_retry, definition.has_on_dead_letter, message, error)
+
+    def _record(self, task: ClaimedTask, write: Callable[[], Ending]) -> Ending | None:
+        """Write a finished attempt's outcome, holding it through database outages and full disks.
+
+        The write is fenced (worker id and attempt), so retrying it is safe for as long as it
+        takes: it is applied while this worker still holds the attempt and discarded once another
+        party took it. Meanwhile this slot stays busy, so the worker claims no new work it could
+        not record either (backpressure). Only abandoning the slot (a hard stop) gives up.
+        """
+        delay = 0.25
+        while True:
+            try:
+                ending = write()
+            except Exception as exc:
+                if self._abandoned.is_set():
+                    log.error(
+                        "outcome not recorded; the worker is stopping",
+                        extra={"event": "worker.outcome_dropped", **_ids(task), "error": str(exc)[:300]},
+                    )
+                    return None
+                self._holding.set()
+                log.warning(
+                    "cannot record the outcome yet; holding it and retrying",
+                    extra={
+                        "event": "worker.outcome_held",
+                        **_ids(task),
+                        "retry_in_s": delay,
+                        "error": str(exc)[:300],
+                    },
+                )
+                self._abandoned.wait(delay)
+                delay = min(delay * 2, MAX_RECORD_RETRY_S)
+                continue
+            if self._holding.is_set():
+                self._holding.clear()
+                log.info("held outcome recorded", extra={"event": "worker.outcome_recorded", **_ids(task)})
+            return ending
 
     def _complete_alone(
         self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]
@@ -312,6 +360,10 @@ class Slot(threading.Thread):
                 self.child.restart()
         except (EOFError, OSError):
             self.child.restart()
+
+
+def _ids(task: ClaimedTask) -> dict[str, object]:
+    return {"task_instance_id": task.task_instance_id, "attempt": task.attempt, "run_id": task.run_id}
 
 
 def _invalid_outlet_events(problem: str) -> Message:

@@ -305,6 +305,13 @@ class Worker:
             self.leases.granted(renewed, sent_at=sent)
             for pair in set(held) - renewed:  # cancelled, reaped or lost: stop it, start nothing
                 self.revoke(pair, reason="lease no longer held")
+        held_outcomes = sum(slot.holding_outcome for slot in self.slots)
+        if held_outcomes:
+            # Backpressure: those slots claim nothing until the database takes their outcomes.
+            log.warning(
+                "outcomes waiting to be recorded; their slots claim no new work",
+                extra={"event": "worker.backpressure", "held_outcomes": held_outcomes},
+            )
         try:
             touch_worker(
                 self.heartbeat_db,
