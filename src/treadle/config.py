@@ -39,6 +39,8 @@ class Settings:
     max_clock_skew_s: float = 2.0
     #: Longest range of logical dates one backfill may cover.
     backfill_max_span_days: float = 366.0
+    #: Longest a DAG file may take to import; past it the file is a load error.
+    dag_import_timeout_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -62,6 +64,7 @@ class Settings:
             scheduler_lease_s=_number(env, "TREADLE_SCHEDULER_LEASE_SECONDS", 3.0),
             max_clock_skew_s=_number(env, "TREADLE_MAX_CLOCK_SKEW_SECONDS", 2.0),
             backfill_max_span_days=_number(env, "TREADLE_BACKFILL_MAX_SPAN_DAYS", 366.0),
+            dag_import_timeout_s=_number(env, "TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", 30.0),
         )
         settings.validate()
         return settings

@@ -3,6 +3,7 @@ ones; `treadle standalone` follows edits to DAG files while the CLI keeps readin
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 import pytest
@@ -262,3 +263,36 @@ def test_standalone_picks_up_an_edited_dag_file_while_cli_reads_work(
     assert shown["run"]["dag_version_id"] == v2["latest_version_id"]
     assert c.cli_json("dags", "errors") == []
     assert c.procs["standalone"].poll() is None
+
+
+HANGING_FILES = {
+    "spins.py": "while True:\n    pass\n",
+    "sleeps.py": "import time\n\ntime.sleep(600)\n",
+    # Blocks the loader's signal: only killing its processor ends this import.
+    "stuck.py": (
+        "import signal\n\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\nwhile True:\n    pass\n"
+    ),
+}
+
+
+def test_dag_files_that_hang_at_import_are_load_errors_and_never_hold_up_the_good_ones(
+    sqlite_url: str, cluster: Callable[..., Cluster]
+) -> None:
+    c = cluster(sqlite_url, TREADLE_DAG_IMPORT_TIMEOUT_SECONDS="1")
+    c.write_dag("good.py", GOOD)
+    for name, source in HANGING_FILES.items():
+        (c.dags / name).write_text(source)
+
+    synced = c.cli("dags", "sync")  # returns, with the hanging files as load errors
+    assert synced.returncode == 0, synced.stderr
+    assert "3 file(s) with load errors" in synced.stdout
+    errors = {e["fileloc"].rsplit("/", 1)[1]: e["message"] for e in c.cli_json("dags", "errors")}
+    assert set(errors) == set(HANGING_FILES)
+    for message in errors.values():
+        assert "longer than 1 s (TREADLE_DAG_IMPORT_TIMEOUT_SECONDS)" in message
+
+    proc = c.start("standalone", "standalone", "--concurrency", "2")
+    run_id = c.trigger("good")
+    assert c.wait_run(run_id, timeout=90).results == {"hello": "hello", "shout": "HELLO!"}
+    c.signal("standalone", signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0

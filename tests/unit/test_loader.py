@@ -51,3 +51,21 @@ def test_signature_changes_when_a_file_changes(tmp_path: Path) -> None:
 def test_missing_folder_loads_nothing(tmp_path: Path) -> None:
     loaded = load_folder(tmp_path / "absent")
     assert loaded.dags == {} and loaded.errors == {}
+
+
+def test_a_file_over_the_import_time_limit_is_a_load_error_naming_the_limit(tmp_path: Path) -> None:
+    (tmp_path / "good.py").write_text(GOOD.format(dag_id="good"))
+    (tmp_path / "spins.py").write_text("while True:\n    pass\n")
+    (tmp_path / "sleeps.py").write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "swallows.py").write_text(
+        "import time\ntry:\n    time.sleep(60)\nexcept Exception:\n    pass\n"  # cannot catch the limit
+    )
+
+    loaded = load_folder(tmp_path, time_limit_s=0.3)
+
+    assert list(loaded.dags) == ["good"]
+    errors = {Path(k).name: v.message for k, v in loaded.errors.items()}
+    assert set(errors) == {"spins.py", "sleeps.py", "swallows.py"}
+    for message in errors.values():
+        assert message.startswith("DagImportTimeout: importing ")
+        assert "longer than 0.3 s (TREADLE_DAG_IMPORT_TIMEOUT_SECONDS)" in message

@@ -1,13 +1,23 @@
-"""Import a DAG folder: every file on its own, so one bad file never stops the others."""
+"""Import a DAG folder: every file on its own, so one bad file never stops the others.
+
+A file may take at most a time limit to import (a signal interrupts it, in the main thread of the
+process that imports); worker/dag_processor.py runs whole-folder imports in a process of their
+own, so even a file stuck where no signal reaches it cannot freeze a worker or a command.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from treadle.authoring.specs import Dag, collecting
 
@@ -56,13 +66,46 @@ def folder_signature(folder: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(sig)
 
 
+class DagImportTimeout(BaseException):
+    """A DAG file took longer than its time limit to import (a BaseException, so that a DAG file's
+    own `except Exception` cannot swallow it)."""
+
+
+def time_limit_message(path: Path | str, limit_s: float) -> str:
+    """The load error of a file that did not import within `limit_s`."""
+    return (
+        f"DagImportTimeout: importing {path} took longer than {limit_s:g} s "
+        "(TREADLE_DAG_IMPORT_TIMEOUT_SECONDS); move slow work out of import time"
+    )
+
+
+@contextmanager
+def _time_limit(path: Path, limit_s: float | None) -> Iterator[None]:
+    """Interrupt the block after `limit_s` (only where signals can be used: the main thread)."""
+    if limit_s is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(_signum: int, _frame: FrameType | None) -> None:
+        raise DagImportTimeout(time_limit_message(path, limit_s))
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _module_name(path: Path) -> str:
     digest = hashlib.sha1(str(path).encode(), usedforsecurity=False).hexdigest()[:12]
     return f"treadle_dags_{path.stem}_{digest}"
 
 
-def load_file(path: Path) -> tuple[list[Dag], LoadError | None]:
-    """Import one DAG file afresh and return the DAGs it built, or the error that stopped it."""
+def load_file(path: Path, *, time_limit_s: float | None = None) -> tuple[list[Dag], LoadError | None]:
+    """Import one DAG file afresh and return the DAGs it built, or the error that stopped it
+    (including running past `time_limit_s`)."""
     name = _module_name(path)
     sys.modules.pop(name, None)
     try:
@@ -71,12 +114,14 @@ def load_file(path: Path) -> tuple[list[Dag], LoadError | None]:
             raise ImportError(f"cannot import {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        with collecting() as built:
+        with collecting() as built, _time_limit(path, time_limit_s):
             spec.loader.exec_module(module)
     except BaseException as exc:  # a DAG file may raise anything, even SystemExit
         if isinstance(exc, KeyboardInterrupt):
             raise
         sys.modules.pop(name, None)
+        if isinstance(exc, DagImportTimeout):
+            return [], LoadError(fileloc=str(path), message=str(exc), traceback="")
         message = f"{type(exc).__name__}: {exc}"
         tb = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]
         return [], LoadError(fileloc=str(path), message=message, traceback=tb)
@@ -85,12 +130,26 @@ def load_file(path: Path) -> tuple[list[Dag], LoadError | None]:
     return built, None
 
 
-def load_folder(folder: Path) -> FolderLoad:
-    """Import every DAG file of `folder`; a DAG id defined twice is an error on the later file."""
+def load_folder(
+    folder: Path,
+    *,
+    time_limit_s: float | None = None,
+    skip: Collection[str] = (),
+    on_file: Callable[[str], None] | None = None,
+) -> FolderLoad:
+    """Import every DAG file of `folder`; a DAG id defined twice is an error on the later file.
+
+    Each file gets `time_limit_s` to import. Files in `skip` are listed but not imported (the
+    caller records their errors); `on_file` hears of each file before its import starts.
+    """
     result = FolderLoad()
     for path in dag_files(folder):
         result.files.append(str(path))
-        dags, error = load_file(path)
+        if str(path) in skip:
+            continue
+        if on_file is not None:
+            on_file(str(path))
+        dags, error = load_file(path, time_limit_s=time_limit_s)
         if error is not None:
             result.errors[error.fileloc] = error
             continue

@@ -69,7 +69,9 @@ def sync_cmd(ctx: Context, as_json: bool) -> None:
     """Import the DAG folder now and register its DAGs and load errors (for deploy pipelines)."""
     from treadle.worker.worker import sync_dag_folder
 
-    report = sync_dag_folder(ctx.db, ctx.settings.dags_folder)
+    report, _ = sync_dag_folder(
+        ctx.db, ctx.settings.dags_folder, file_limit_s=ctx.settings.dag_import_timeout_s
+    )
     if as_json:
         emit_json(report)
         return

@@ -43,7 +43,7 @@ def _parse_upstream(values: tuple[str, ...]) -> dict[str, Any]:
 @pass_context
 def test_cmd(ctx: Context, dag_id: str, task_id: str, conf: str, upstream: tuple[str, ...]) -> None:
     """Run TASK_ID of DAG_ID in-process and print its result (nothing is recorded)."""
-    loaded = load_folder(ctx.settings.dags_folder)
+    loaded = load_folder(ctx.settings.dags_folder, time_limit_s=ctx.settings.dag_import_timeout_s)
     dag = loaded.dags.get(dag_id)
     if dag is None:
         hint = f"; load errors: {', '.join(loaded.errors)}" if loaded.errors else ""

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -34,15 +34,19 @@ MANIFEST_ENV = "TREADLE_MANIFEST_FILE"
 class DagCache:
     """DAGs imported from the folder, reloaded from their file when a run's version differs."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(
+        self, folder: Path, *, file_limit_s: float | None = None, skip: Collection[str] = ()
+    ) -> None:
         self.folder = folder
+        self.file_limit_s = file_limit_s
+        self.skip = frozenset(skip)
         self.dags: dict[str, Dag] = {}
         self.hashes: dict[str, str] = {}
         self.reload_all()
 
     def reload_all(self) -> None:
         """Import the whole folder."""
-        self.dags = dict(load_folder(self.folder).dags)
+        self.dags = dict(load_folder(self.folder, time_limit_s=self.file_limit_s, skip=self.skip).dags)
         self.hashes = {k: d.structure().content_hash() for k, d in self.dags.items()}
 
     def get(self, dag_id: str, version_hash: str) -> Dag:
@@ -50,7 +54,7 @@ class DagCache:
         if self.hashes.get(dag_id) != version_hash:
             current = self.dags.get(dag_id)
             if current is not None and current.fileloc:
-                for d in load_file(Path(current.fileloc))[0]:
+                for d in load_file(Path(current.fileloc), time_limit_s=self.file_limit_s)[0]:
                     self.dags[d.dag_id] = d
                     self.hashes[d.dag_id] = d.structure().content_hash()
             if self.hashes.get(dag_id) != version_hash:
@@ -226,12 +230,19 @@ def _die_with_worker() -> None:
         os.killpg(0, signal.SIGKILL)
 
 
-def child_main(conn: Connection, folder: str, max_result_bytes: int) -> None:
-    """Entry point of a child: own process group, load DAGs, serve requests until EOF."""
+def child_main(
+    conn: Connection,
+    folder: str,
+    max_result_bytes: int,
+    file_limit_s: float | None = None,
+    skip: list[str] | None = None,
+) -> None:
+    """Entry point of a child: own process group, load DAGs (each file within `file_limit_s`,
+    none of `skip`), serve requests until EOF."""
     os.setsid()  # a timeout kills this child's whole group, grandchildren included
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_worker()
-    cache = DagCache(Path(folder))
+    cache = DagCache(Path(folder), file_limit_s=file_limit_s, skip=skip or ())
     send(conn, {"ready": True})
     while True:
         try:

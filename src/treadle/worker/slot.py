@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -32,12 +32,22 @@ SPAWN_TRIES = 3
 MAX_RECORD_RETRY_S = 5.0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildImports:
+    """What a task process imports: the DAG folder, each file within a time limit, but not the
+    files that the worker's last folder pass found slow (asked anew at each start)."""
+
+    folder: Path
+    max_result_bytes: int
+    file_limit_s: float
+    skip: Callable[[], Collection[str]]
+
+
 class ChildProcess:
     """A spawned child running `child_main`; killed with its whole process group."""
 
-    def __init__(self, folder: Path, max_result_bytes: int) -> None:
-        self.folder = folder
-        self.max_result_bytes = max_result_bytes
+    def __init__(self, imports: ChildImports) -> None:
+        self.imports = imports
         self.conn: Connection | None = None
         self.process: Any = None
         self.start()
@@ -51,8 +61,11 @@ class ChildProcess:
         """
         for attempt in range(1, SPAWN_TRIES + 1):
             parent, child = _spawn.Pipe()
+            i = self.imports
             self.process = _spawn.Process(
-                target=child_main, args=(child, str(self.folder), self.max_result_bytes), daemon=True
+                target=child_main,
+                args=(child, str(i.folder), i.max_result_bytes, i.file_limit_s, sorted(i.skip())),
+                daemon=True,
             )
             self.process.start()
             child.close()
@@ -125,8 +138,7 @@ class Slot(threading.Thread):
         db: Database,
         worker_id: str,
         hostname: str,
-        folder: Path,
-        max_result_bytes: int,
+        imports: ChildImports,
         version: Callable[[int], DagVersion],
         on_idle: Callable[[Slot], None],
         complete: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent]], Ending] | None = None,
@@ -138,7 +150,7 @@ class Slot(threading.Thread):
         #: Records a success with its outlet annotations (the worker's shared Completer); by
         #: default in its own transaction.
         self.complete = complete or self._complete_alone
-        self.child = ChildProcess(folder, max_result_bytes)
+        self.child = ChildProcess(imports)
         self.running: Running | None = None
         self._assigned = threading.Event()
         self._stopping = threading.Event()

@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from treadle.authoring.loader import folder_signature, load_folder
+from treadle.authoring.loader import folder_signature
 from treadle.config import Settings
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import ClaimedTask
@@ -24,22 +24,25 @@ from treadle.store.database import Database
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
 from treadle.worker.completer import Completer
+from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import LeaseClock
-from treadle.worker.slot import Slot
+from treadle.worker.slot import ChildImports, Slot
 
 log = logging.getLogger("treadle.worker")
 
 
-def sync_dag_folder(db: Database, folder: Path) -> SyncReport:
-    """Import the DAG folder and register what it holds (structures and per-file errors)."""
-    loaded = load_folder(folder)
-    return sync_dags(
+def sync_dag_folder(db: Database, folder: Path, *, file_limit_s: float) -> tuple[SyncReport, ParsedFolder]:
+    """Import the DAG folder in a processor process (each file within `file_limit_s`) and register
+    what it holds (structures and per-file errors)."""
+    parsed = parse_folder(folder, file_limit_s=file_limit_s)
+    report = sync_dags(
         db,
-        structures=[d.structure() for d in loaded.dags.values()],
-        scanned_files=loaded.files,
-        errors={f: (e.message, e.traceback) for f, e in loaded.errors.items()},
+        structures=list(parsed.structures.values()),
+        scanned_files=parsed.files,
+        errors=parsed.errors,
         folder=str(folder),
     )
+    return report, parsed
 
 
 class Worker:
@@ -84,6 +87,8 @@ class Worker:
         self.idle: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         self.slots: list[Slot] = []
         self._signature: tuple[tuple[str, int, int], ...] = ()
+        #: DAG files that did not import within the limit: task processes do not import them.
+        self.slow_files: frozenset[str] = frozenset()
 
     def version(self, version_id: int) -> DagVersion:
         """Return a DAG version (cached)."""
@@ -112,8 +117,12 @@ class Worker:
                 db=self.db,
                 worker_id=self.worker_id,
                 hostname=self.hostname,
-                folder=self.settings.dags_folder,
-                max_result_bytes=self.settings.max_result_bytes,
+                imports=ChildImports(
+                    folder=self.settings.dags_folder,
+                    max_result_bytes=self.settings.max_result_bytes,
+                    file_limit_s=self.settings.dag_import_timeout_s,
+                    skip=lambda: self.slow_files,
+                ),
                 version=self.version,
                 on_idle=self._slot_idle,
                 complete=completer.complete,
@@ -122,6 +131,7 @@ class Worker:
             slot.start()
         threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
         threading.Thread(target=self._watchdog_loop, name="treadle-watchdog", daemon=True).start()
+        threading.Thread(target=self._refresh_loop, name="treadle-dag-refresh", daemon=True).start()
         if self.db.supports_notify:
             handlers = {READY_CHANNEL: self.wake.set, CANCEL_CHANNEL: self.beat_now.set}
             threading.Thread(
@@ -145,7 +155,10 @@ class Worker:
         signature = folder_signature(self.settings.dags_folder)
         if signature == self._signature:
             return False
-        report = sync_dag_folder(self.db, self.settings.dags_folder)
+        report, parsed = sync_dag_folder(
+            self.db, self.settings.dags_folder, file_limit_s=self.settings.dag_import_timeout_s
+        )
+        self.slow_files = parsed.timed_out
         self._signature = signature
         log.info(
             "dags synced",
@@ -155,7 +168,6 @@ class Worker:
 
     def run(self) -> None:
         """Claim and dispatch until stopped (call start() first)."""
-        next_refresh = time.monotonic() + self.settings.dag_refresh_s
         while not self.stopping.is_set():
             self._dispatch_prefetched()
             claimed = []
@@ -171,9 +183,6 @@ class Worker:
                     with self._buffer_lock:
                         self.prefetched.append(task)
             self._dispatch_prefetched()
-            if time.monotonic() >= next_refresh:
-                next_refresh = time.monotonic() + self.settings.dag_refresh_s
-                self._refresh_quietly()
             if not claimed or len(claimed) < want:
                 self.wake.wait(self.poll_s)
                 self.wake.clear()
@@ -268,11 +277,14 @@ class Worker:
         self.idle.put(slot)
         self.wake.set()
 
-    def _refresh_quietly(self) -> None:
-        try:
-            self.refresh_dags()
-        except Exception:
-            log.exception("dag refresh failed", extra={"event": "dags.sync_error"})
+    def _refresh_loop(self) -> None:
+        """Re-register edited DAG files, in a thread of its own: the claim loop never waits on an
+        import (each runs in a processor process, within its time limit)."""
+        while not self.stopping.wait(self.settings.dag_refresh_s):
+            try:
+                self.refresh_dags()
+            except Exception:
+                log.exception("dag refresh failed", extra={"event": "dags.sync_error"})
 
     def _heartbeat_loop(self) -> None:
         while not self.closed.is_set():
