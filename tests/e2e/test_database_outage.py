@@ -1,11 +1,12 @@
 """A database outage longer than the lease re-runs only attempts that had not finished.
 
-A private PostgreSQL server (its own data folder and port) is stopped with `-m immediate` in the
-middle of a run and started again after several leases. Workers keep the outcomes of attempts
-that finished meanwhile and record them once the database is back (the writes are fenced, so
-retrying them is safe); attempts still running when the workers stopped trusting their leases
-were killed and run again; the scheduler waits one lease after the outage before it reaps, so
-workers can renew first. Every task writes one line when it starts and one when it ends.
+A private PostgreSQL server (its own data folder and port) is stopped with `-m immediate`, killed
+with SIGKILL, or frozen whole with SIGSTOP in the middle of a run, for several leases. Workers
+keep the outcomes of attempts that finished meanwhile and record them once the database is back
+(the writes are fenced, so retrying them is safe); attempts still running when the workers
+stopped trusting their leases were killed and run again; the scheduler waits one lease after
+the outage before it reaps, so workers can renew first. Every task writes one line when it
+starts and one when it ends.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def _effects(path: Path) -> list[tuple[str, str, int]]:
     return [(what, task_id, int(attempt)) for what, task_id, attempt in (line.split() for line in lines)]
 
 
+@pytest.mark.parametrize("fault", ["immediate-stop", "kill-9", "stall"])
 def test_an_outage_longer_than_the_lease_reruns_only_unfinished_attempts(
-    private_pg: PrivatePostgres, cluster: Callable[..., Cluster]
+    private_pg: PrivatePostgres, cluster: Callable[..., Cluster], fault: str
 ) -> None:
     c = cluster(private_pg.url, **SHORT_LEASE)  # lease 3 s, heartbeat 1 s
     effects = c.root / "effects.log"
@@ -85,10 +87,8 @@ def test_an_outage_longer_than_the_lease_reruns_only_unfinished_attempts(
     run_id = c.trigger("outage")
     wait_for(lambda: sum(e[0] == "end" for e in _effects(effects)) >= 40, timeout=90, message="progress")
 
-    private_pg.stop("immediate")
-    c.db.dispose()  # the test's own pool would hold dead connections
-    ended_during = _wait_out(OUTAGE_S)
-    private_pg.start()
+    ended_during = _outage(private_pg, fault)
+    c.db.dispose()  # the test's own pool holds connections the outage broke
 
     detail = c.wait_run(run_id, timeout=180)
     assert detail.run.state == "success", {t.task_id: t.state for t in detail.task_instances}
@@ -99,10 +99,30 @@ def test_an_outage_longer_than_the_lease_reruns_only_unfinished_attempts(
     assert set(ends) == {f"t{n}" for n in range(TASKS)}
     twice = {t: n for t, n in ends.items() if n > 1}
     assert not twice, f"finished work ran again after the outage: {twice}"
-    # The scenario did hold finished outcomes through the outage and recorded them afterwards.
+    # The scenario did hold finished outcomes through the outage and recorded them afterwards
+    # (in a stall the write just waits, unanswered, and goes through on resume).
     logs = c.log("w1") + c.log("w2")
-    assert "worker.outcome_held" in logs and "worker.outcome_recorded" in logs, ended_during
+    if fault != "stall":
+        assert "worker.outcome_held" in logs and "worker.outcome_recorded" in logs, ended_during
+    assert "self-fenced" in logs  # running attempts were stopped before their leases expired
     assert "scheduler.deadlines_held" in c.log("scheduler")
+
+
+def _outage(server: PrivatePostgres, fault: str) -> float:
+    """Take the server away for OUTAGE_S by `fault`, then bring it back; returns the seconds."""
+    if fault == "stall":
+        frozen = server.stall()
+        took = _wait_out(OUTAGE_S)
+        server.resume(frozen)
+        return took
+    if fault == "kill-9":
+        gone = server.kill()
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in gone), timeout=30, message="exit")
+    else:
+        server.stop("immediate")
+    took = _wait_out(OUTAGE_S)
+    server.start()
+    return took
 
 
 def _wait_out(seconds: float) -> float:

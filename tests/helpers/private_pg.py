@@ -78,6 +78,40 @@ class PrivatePostgres:
         """Send a signal to the server's main process (SIGSTOP stalls new connections)."""
         os.kill(self.postmaster_pid(), sig)
 
+    def processes(self) -> list[int]:
+        """The server's main process and every process it started (backends, background)."""
+        main = self.postmaster_pid()
+        found = [main]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == main:  # the parent pid
+                found.append(int(stat.parent.name))
+        return found
+
+    def stall(self) -> list[int]:
+        """Freeze the whole server (SIGSTOP to every one of its processes); returns them."""
+        frozen = self.processes()
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        return frozen
+
+    def resume(self, frozen: list[int]) -> None:
+        """Let stalled processes go on."""
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> list[int]:
+        """SIGKILL the server's main process (its backends exit on their own); returns them all."""
+        doomed = self.processes()
+        os.kill(doomed[0], signal.SIGKILL)
+        return doomed
+
     def close(self) -> None:
         """Stop the server whatever its state and remove its files."""
         try:

@@ -291,6 +291,7 @@ def fail_attempt(
     lease_expired_before: datetime | None = None,
     timeout_before: datetime | None = None,
     lost_by: str | None = None,
+    report_late: bool = True,
 ) -> Ending:
     """Record an unsuccessful attempt and apply the retry policy (retry_wait or dead_letter).
 
@@ -299,7 +300,8 @@ def fail_attempt(
     it) and `lost_by`, the worker that held the lease, for the record. For `dispatch_timeout`
     the task instance is still queued and `task.attempt` is the attempt it consumes; the
     guard is its dispatch deadline, which must be before `timeout_before`. A dead letter makes
-    its downstream upstream_failed and tries to close the run, in the same transaction.
+    its downstream upstream_failed and tries to close the run, in the same transaction. A
+    worker's report that comes too late is noted on the attempt unless `report_late` is False.
     """
     rand = random.random()
     guard = _FailureGuard(
@@ -319,7 +321,7 @@ def fail_attempt(
             now=now,
         )
         if not _end_failed(conn, task, plan, outcome=outcome, guard=guard, now=now):
-            if worker_id is not None:
+            if worker_id is not None and report_late:
                 _discard(conn, task, outcome.value)
             return Ending(applied=False)
         insert_attempt_record(

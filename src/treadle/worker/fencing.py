@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
+from treadle.domain.records import ClaimedTask
+
 #: An attempt: (task instance id, attempt number).
 Pair = tuple[int, int]
 
@@ -42,8 +44,38 @@ class LeaseClock:
         with self._lock:
             return sorted(p for p, sent in self._sent.items() if now - sent > self.trust_s)
 
+    def silent_for(self, pair: Pair, *, now: float) -> float:
+        """Seconds since the last successful send for `pair` (0 if not held)."""
+        with self._lock:
+            sent = self._sent.get(pair)
+        return 0.0 if sent is None else now - sent
+
     def deadline(self, pair: Pair) -> float | None:
         """The monotonic time after which `pair` is no longer trusted (None: not held)."""
         with self._lock:
             sent = self._sent.get(pair)
         return None if sent is None else sent + self.trust_s
+
+
+class FencedAttempts:
+    """Attempts this worker stopped because it could not renew their leases in time, waiting to
+    be recorded `lost` with that reason once the database answers again (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[Pair, tuple[ClaimedTask, float]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, task: ClaimedTask, *, silent_s: float) -> None:
+        """`task` was stopped after `silent_s` seconds without a successful renewal."""
+        with self._lock:
+            self._pending[(task.task_instance_id, task.attempt)] = (task, silent_s)
+
+    def pending(self) -> list[tuple[ClaimedTask, float]]:
+        """What is still to be recorded."""
+        with self._lock:
+            return list(self._pending.values())
+
+    def done(self, task: ClaimedTask) -> None:
+        """`task`'s stop was recorded (or another party had ended the attempt)."""
+        with self._lock:
+            self._pending.pop((task.task_instance_id, task.attempt), None)

@@ -126,6 +126,8 @@ class Running:
     task: ClaimedTask
     revoked: bool = False
     in_child: bool = False
+    #: Set when this worker revoked it itself, this many seconds after its last renewal.
+    fenced_after_s: float | None = None
 
 
 class Slot(threading.Thread):
@@ -141,12 +143,15 @@ class Slot(threading.Thread):
         imports: ChildImports,
         version: Callable[[int], DagVersion],
         on_idle: Callable[[Slot], None],
+        on_fenced: Callable[[ClaimedTask, float], None] | None = None,
         complete: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent]], Ending] | None = None,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
         self.db, self.worker_id, self.hostname = db, worker_id, hostname
         self.version = version
         self.on_idle = on_idle
+        #: Hears of an attempt this worker stopped by self-fencing before it finished.
+        self.on_fenced = on_fenced
         #: Records a success with its outlet annotations (the worker's shared Completer); by
         #: default in its own transaction.
         self.complete = complete or self._complete_alone
@@ -162,21 +167,26 @@ class Slot(threading.Thread):
         self.running = Running(task=task)
         self._assigned.set()
 
-    def revoke(self, task_instance_id: int, attempt: int) -> bool:
+    def revoke(
+        self, task_instance_id: int, attempt: int, *, fenced_after_s: float | None = None
+    ) -> ClaimedTask | None:
         """The lease is gone: kill the attempt at once and report nothing for it (self-fencing).
 
-        Returns True if this slot was running that attempt.
+        `fenced_after_s` says the worker revoked it itself (no renewal for that long): if the
+        kill stops it before it finished, `on_fenced` hears of it, to record it lost. Returns the
+        attempt if this slot was running it.
         """
         current = self.running
         if current is None or (current.task.task_instance_id, current.task.attempt) != (
             task_instance_id,
             attempt,
         ):
-            return False
+            return None
+        current.fenced_after_s = fenced_after_s
         current.revoked = True
         if current.in_child:
             self.child.signal_kill()
-        return True
+        return current.task
 
     def stop(self) -> None:
         """Stop after the current attempt and end the child."""
@@ -221,8 +231,10 @@ class Slot(threading.Thread):
         message = run_message(task, version)
         deadline = time.monotonic() + task.timeout_s if task.timeout_s else None
         outcome = self._exchange(message, deadline, current)
-        if outcome is None:
-            return  # revoked: another party owns the attempt now
+        if outcome is None:  # revoked before it finished: report nothing for it
+            if current.fenced_after_s is not None and self.on_fenced is not None:
+                self.on_fenced(task, current.fenced_after_s)
+            return
         if outcome.get("ok"):
             try:
                 annotations = parse_outlet_events(outcome.get("outlet_events"))

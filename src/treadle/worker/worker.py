@@ -16,16 +16,23 @@ from pathlib import Path
 from treadle.authoring.loader import folder_signature
 from treadle.config import Settings
 from treadle.domain.dag_version import DagVersion
-from treadle.domain.records import ClaimedTask
+from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.states import AttemptOutcome
 from treadle.engine.dags import SyncReport, sync_dags, version_of
-from treadle.engine.execution import claim_task_instances, extend_leases, hand_back_attempts, start_claimed
+from treadle.engine.execution import (
+    claim_task_instances,
+    extend_leases,
+    fail_attempt,
+    hand_back_attempts,
+    start_claimed,
+)
 from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
 from treadle.worker.completer import Completer
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
-from treadle.worker.fencing import LeaseClock
+from treadle.worker.fencing import FencedAttempts, LeaseClock
 from treadle.worker.slot import ChildImports, Slot
 
 log = logging.getLogger("treadle.worker")
@@ -68,6 +75,7 @@ class Worker:
         self._buffer_lock = threading.Lock()
         #: When each held attempt stops being trusted (self-fencing, F2).
         self.leases = LeaseClock(lease_s=settings.lease_s, margin_s=settings.heartbeat_s)
+        self.fenced = FencedAttempts()
         #: Heartbeats use a pool of their own, never queued behind the slots' connections, whose
         #: statements give up in time for a second try before the worker stops trusting a lease.
         self.heartbeat_db = Database(
@@ -125,6 +133,7 @@ class Worker:
                 ),
                 version=self.version,
                 on_idle=self._slot_idle,
+                on_fenced=self._fenced_stop,
                 complete=completer.complete,
             )
             self.slots.append(slot)
@@ -317,6 +326,7 @@ class Worker:
             self.leases.granted(renewed, sent_at=sent)
             for pair in set(held) - renewed:  # cancelled, reaped or lost: stop it, start nothing
                 self.revoke(pair, reason="lease no longer held")
+            self._record_fenced()
         held_outcomes = sum(slot.holding_outcome for slot in self.slots)
         if held_outcomes:
             # Backpressure: those slots claim nothing until the database takes their outcomes.
@@ -335,6 +345,36 @@ class Worker:
         except Exception:
             log.exception("heartbeat failed", extra={"event": "worker.heartbeat_error"})
 
+    def _fenced_stop(self, task: ClaimedTask, silent_s: float) -> None:
+        self.fenced.add(task, silent_s=silent_s)
+
+    def _record_fenced(self) -> None:
+        """Record `lost`, with the reason, the attempts this worker stopped by self-fencing."""
+        for task, silent_s in self.fenced.pending():
+            error = AttemptError(
+                error_type="SelfFenced",
+                message=f"worker {self.worker_id} on {self.hostname} could not renew its lease for "
+                f"{silent_s:.1f} s (database unreachable or slow) and stopped the attempt before the "
+                "lease could expire",
+                frame="treadle.worker",
+            )
+            try:
+                fail_attempt(
+                    self.heartbeat_db,
+                    task,
+                    outcome=AttemptOutcome.LOST,
+                    error=error,
+                    worker_id=self.worker_id,
+                    hostname=self.hostname,
+                    report_late=False,  # another party ended it first: nothing to add
+                )
+            except Exception:
+                log.exception(
+                    "could not record a self-fenced attempt", extra={"event": "worker.fence_record_error"}
+                )
+                return  # the next heartbeat tries again
+            self.fenced.done(task)
+
     def _watchdog_loop(self) -> None:
         """Self-fence (F2): kill every held attempt whose last successful claim or renewal was sent
         longer ago than the lease minus one heartbeat, however long the call renewing it blocks."""
@@ -346,18 +386,35 @@ class Worker:
             held = set(self._held()[0])
             for pair in expired:
                 if pair in held:
-                    self.revoke(pair, reason="lease could not be renewed in time (self-fenced)")
+                    self.revoke(
+                        pair, reason="lease could not be renewed in time (self-fenced)", self_fenced=True
+                    )
                 else:
                     self.leases.forget(pair)  # ended meanwhile
 
-    def revoke(self, pair: tuple[int, int], *, reason: str) -> None:
-        """Stop an attempt this worker may no longer own: kill it if it runs, drop it if buffered."""
+    def revoke(self, pair: tuple[int, int], *, reason: str, self_fenced: bool = False) -> None:
+        """Stop an attempt this worker may no longer own: kill it if it runs, drop it if buffered.
+
+        A self-fenced one (its lease could not be renewed in time) is recorded `lost` with that
+        reason by a later heartbeat, once the database answers (fenced: if another party ended
+        the attempt first, the record is discarded).
+        """
+        silent_s = self.leases.silent_for(pair, now=time.monotonic())
         self.leases.forget(pair)
         with self._buffer_lock:
-            kept = [t for t in self.prefetched if (t.task_instance_id, t.attempt) != pair]
-            dropped = len(kept) != len(self.prefetched)
-            self.prefetched = collections.deque(kept)
-        killed = any(slot.revoke(*pair) for slot in self.slots)
+            dropped = [t for t in self.prefetched if (t.task_instance_id, t.attempt) == pair]
+            self.prefetched = collections.deque(
+                t for t in self.prefetched if (t.task_instance_id, t.attempt) != pair
+            )
+        fenced_after_s = silent_s if self_fenced else None
+        killed = [
+            t
+            for t in (slot.revoke(*pair, fenced_after_s=fenced_after_s) for slot in self.slots)
+            if t is not None
+        ]
+        if self_fenced:  # a running one is recorded by its slot, if it did not finish after all
+            for task in dropped:
+                self._fenced_stop(task, silent_s)
         if killed or dropped:
             log.warning(
                 "attempt revoked",
