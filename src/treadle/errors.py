@@ -2,6 +2,7 @@
 
 TreadleError
 ├── ConfigError            a setting is missing or invalid (names the setting)
+│   └── SettingOutOfRange  a numeric setting is not finite or outside its range (setting, value, allowed)
 ├── DagDefinitionError     a DAG is malformed: cycle, unknown or duplicate task id, bad setting
 ├── DagNotFound            no DAG with that id is registered
 ├── RunNotFound            no run with that id
@@ -39,6 +40,18 @@ class TreadleError(Exception):
 
 class ConfigError(TreadleError):
     """A setting is missing or invalid."""
+
+
+class SettingOutOfRange(ConfigError):
+    """A numeric setting is not a finite number within its allowed range."""
+
+    def __init__(self, message: str | None = None, *, setting: str, value: float, allowed: str) -> None:
+        #: The environment variable at fault.
+        self.setting = setting
+        self.value = value
+        #: The allowed values in words, e.g. "a number of seconds in 1..3600".
+        self.allowed = allowed
+        super().__init__(message or f"{setting} must be {allowed}, got {value}")
 
 
 class DagDefinitionError(TreadleError):
