@@ -16,6 +16,7 @@ TreadleError
 ├── MarksMoved             a dataset consumption mark moved under a trigger pass (dag_ids, expected, moved)
 ├── BackfillConflict       a backfill changed under a drain pass or an operator action (backfill_id, dag_id)
 ├── SchemaOutOfDate        the database schema is not at the code's revision
+│   └── SchemaTooNew       the database is at a revision newer than this code knows (revision, expected)
 └── DatabaseUnavailable    the database cannot be reached (after retries)
 
 The classes with facts take them as keyword-only fields, kept as attributes; their message is
@@ -153,6 +154,21 @@ class BackfillConflict(TreadleError):
 
 class SchemaOutOfDate(TreadleError):
     """The database schema is not at the revision this code expects; run `treadle db upgrade`."""
+
+
+class SchemaTooNew(SchemaOutOfDate):
+    """The database was migrated by a newer treadle; upgrade treadle, do not downgrade the database."""
+
+    def __init__(self, message: str | None = None, *, revision: str, expected: str) -> None:
+        #: The revision the database is at (unknown to this code).
+        self.revision = revision
+        #: The newest revision this code knows.
+        self.expected = expected
+        super().__init__(
+            message
+            or f"database is at revision {revision}, newer than this treadle (expects {expected}): "
+            "upgrade treadle, do not downgrade the database"
+        )
 
 
 class DatabaseUnavailable(TreadleError):
