@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from treadle.errors import ConfigError
+from treadle.domain.urls import parse_database_url
+from treadle.errors import ConfigError, SettingOutOfRange
+
+MIB = 1024 * 1024
+DAY_S = 24 * 3600
+DEFAULT_SCHEDULER_LEASE_S = 3.0
+DEFAULT_MAX_CLOCK_SKEW_S = 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,9 +42,9 @@ class Settings:
     #: On SIGTERM, how long running attempts may finish before they are handed back.
     shutdown_grace_s: float = 30.0
     #: Lease of the scheduler leader (database clock); a standby takes over within about this.
-    scheduler_lease_s: float = 3.0
+    scheduler_lease_s: float = DEFAULT_SCHEDULER_LEASE_S
     #: A scheduler whose host clock is further than this from the database's refuses to lead.
-    max_clock_skew_s: float = 2.0
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
     #: Longest range of logical dates one backfill may cover.
     backfill_max_span_days: float = 366.0
     #: Longest a DAG file may take to import; past it the file is a load error.
@@ -49,48 +57,101 @@ class Settings:
         home = Path(env.get("TREADLE_HOME", "~/.treadle")).expanduser()
         url = env.get("TREADLE_DATABASE_URL") or f"sqlite:///{home / 'treadle.db'}"
         folder = Path(env.get("TREADLE_DAGS_FOLDER", str(home / "dags"))).expanduser()
-        settings = cls(
-            home=home,
-            database_url=url,
-            dags_folder=folder,
-            lease_s=_number(env, "TREADLE_LEASE_SECONDS", 30.0),
-            heartbeat_s=_number(env, "TREADLE_HEARTBEAT_SECONDS", 5.0),
-            scheduler_tick_s=_number(env, "TREADLE_SCHEDULER_TICK_SECONDS", 0.5),
-            dag_refresh_s=_number(env, "TREADLE_DAG_REFRESH_SECONDS", 2.0),
-            max_result_bytes=int(_number(env, "TREADLE_MAX_RESULT_BYTES", 64 * 1024)),
-            queue_timeout_s=_number(env, "TREADLE_QUEUE_TIMEOUT_SECONDS", 600.0),
-            retention_days=_number(env, "TREADLE_RETENTION_DAYS", 0.0, allow_zero=True),
-            shutdown_grace_s=_number(env, "TREADLE_SHUTDOWN_GRACE_SECONDS", 30.0, allow_zero=True),
-            scheduler_lease_s=_number(env, "TREADLE_SCHEDULER_LEASE_SECONDS", 3.0),
-            max_clock_skew_s=_number(env, "TREADLE_MAX_CLOCK_SKEW_SECONDS", 2.0),
-            backfill_max_span_days=_number(env, "TREADLE_BACKFILL_MAX_SPAN_DAYS", 366.0),
-            dag_import_timeout_s=_number(env, "TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", 30.0),
-        )
+        numbers: dict[str, Any] = {
+            spec.field: _number(spec, env[spec.variable])
+            for spec in NUMERIC_SETTINGS
+            if env.get(spec.variable)
+        }
+        if "max_clock_skew_s" not in numbers:
+            # The default follows a short scheduler lease down so that it stays below it.
+            lease_s = numbers.get("scheduler_lease_s", DEFAULT_SCHEDULER_LEASE_S)
+            short = lease_s <= DEFAULT_MAX_CLOCK_SKEW_S
+            numbers["max_clock_skew_s"] = lease_s / 2 if short else DEFAULT_MAX_CLOCK_SKEW_S
+        settings = cls(home=home, database_url=url, dags_folder=folder, **numbers)
         settings.validate()
         return settings
 
     def validate(self) -> None:
-        """Raise ConfigError naming the first inconsistent setting."""
-        if not self.database_url.startswith(("sqlite:", "postgresql", "postgres:", "mysql", "mariadb")):
-            raise ConfigError(
-                f"TREADLE_DATABASE_URL must be a sqlite:///, postgresql:// or mysql:// URL, "
-                f"got {self.database_url.split('://')[0]}://..."
-            )
+        """Raise ConfigError naming the first invalid or inconsistent setting."""
+        parse_database_url(self.database_url)
+        for spec in NUMERIC_SETTINGS:
+            spec.check(getattr(self, spec.field))
         if self.heartbeat_s * 3 > self.lease_s:
             raise ConfigError(
                 f"TREADLE_LEASE_SECONDS ({self.lease_s}) must be at least 3 x "
                 f"TREADLE_HEARTBEAT_SECONDS ({self.heartbeat_s}) so a slow heartbeat is not a death"
             )
+        if self.max_clock_skew_s >= self.scheduler_lease_s:
+            raise ConfigError(
+                f"TREADLE_MAX_CLOCK_SKEW_SECONDS ({self.max_clock_skew_s}) must be below "
+                f"TREADLE_SCHEDULER_LEASE_SECONDS ({self.scheduler_lease_s}): a leader whose clock "
+                "is off by a whole lease cannot judge when its lease ends"
+            )
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, allow_zero: bool = False) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NumericSetting:
+    """The allowed range of one numeric setting (bounds included)."""
+
+    variable: str
+    #: The Settings attribute it fills.
+    field: str
+    low: float
+    high: float
+    unit: str
+    #: Also shown after the range, e.g. "16 MiB".
+    note: str = ""
+    is_integer: bool = False
+
+    @property
+    def allowed(self) -> str:
+        """The allowed values in words, e.g. "a finite number of seconds in 1..3600"."""
+        kind = "a whole number" if self.is_integer else "a finite number"
+        note = f" ({self.note})" if self.note else ""
+        return f"{kind} of {self.unit} in {_plain(self.low)}..{_plain(self.high)}{note}"
+
+    def check(self, value: float) -> None:
+        """Raise SettingOutOfRange unless `value` is finite, within range and whole if it must be."""
+        whole = not self.is_integer or float(value).is_integer()
+        if not (math.isfinite(value) and self.low <= value <= self.high and whole):
+            raise SettingOutOfRange(setting=self.variable, value=value, allowed=self.allowed)
+
+
+def _spec(
+    variable: str, field: str, low: float, high: float, unit: str = "seconds", **more: Any
+) -> NumericSetting:
+    return NumericSetting(variable=variable, field=field, low=low, high=high, unit=unit, **more)
+
+
+#: Every numeric setting with its range (README.md's Configuration table shows the same).
+NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
+    _spec("TREADLE_LEASE_SECONDS", "lease_s", 1, 3600),
+    _spec("TREADLE_HEARTBEAT_SECONDS", "heartbeat_s", 0.1, 1200),
+    _spec("TREADLE_SCHEDULER_TICK_SECONDS", "scheduler_tick_s", 0.05, 60),
+    _spec("TREADLE_DAG_REFRESH_SECONDS", "dag_refresh_s", 0.1, 3600),
+    _spec(
+        "TREADLE_MAX_RESULT_BYTES", "max_result_bytes", 1, 16 * MIB, "bytes", note="16 MiB", is_integer=True
+    ),
+    _spec("TREADLE_QUEUE_TIMEOUT_SECONDS", "queue_timeout_s", 1, 30 * DAY_S, note="30 days"),
+    _spec("TREADLE_RETENTION_DAYS", "retention_days", 0, 36500, "days", note="0 keeps everything"),
+    _spec("TREADLE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_s", 0, 3600),
+    _spec("TREADLE_SCHEDULER_LEASE_SECONDS", "scheduler_lease_s", 1, 600),
+    _spec("TREADLE_MAX_CLOCK_SKEW_SECONDS", "max_clock_skew_s", 0.01, 600, note="below the scheduler lease"),
+    _spec("TREADLE_BACKFILL_MAX_SPAN_DAYS", "backfill_max_span_days", 1, 36500, "days"),
+    _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
+)
+
+
+def _number(spec: NumericSetting, raw: str) -> float | int:
+    """Parse and check one numeric variable (before any int conversion could fail on nan)."""
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be {'>=' if allow_zero else '>'} 0, got {raw!r}")
-    return value
+        raise ConfigError(f"{spec.variable} must be {spec.allowed}, got {raw!r}") from None
+    spec.check(value)
+    return int(value) if spec.is_integer else value
+
+
+def _plain(x: float) -> str:
+    """1.0 -> "1", 0.05 -> "0.05", 2592000.0 -> "2592000"."""
+    return str(int(x)) if float(x).is_integer() else str(x)

@@ -2,6 +2,7 @@
 
 TreadleError
 ├── ConfigError            a setting is missing or invalid (names the setting)
+│   └── SettingOutOfRange  a numeric setting is not finite or outside its range (setting, value, allowed)
 ├── DagDefinitionError     a DAG is malformed: cycle, unknown or duplicate task id, bad setting
 ├── DagNotFound            no DAG with that id is registered
 ├── RunNotFound            no run with that id
@@ -15,6 +16,7 @@ TreadleError
 ├── MarksMoved             a dataset consumption mark moved under a trigger pass (dag_ids, expected, moved)
 ├── BackfillConflict       a backfill changed under a drain pass or an operator action (backfill_id, dag_id)
 ├── SchemaOutOfDate        the database schema is not at the code's revision
+│   └── SchemaTooNew       the database is at a revision newer than this code knows (revision, expected)
 └── DatabaseUnavailable    the database cannot be reached (after retries)
 
 The classes with facts take them as keyword-only fields, kept as attributes; their message is
@@ -39,6 +41,18 @@ class TreadleError(Exception):
 
 class ConfigError(TreadleError):
     """A setting is missing or invalid."""
+
+
+class SettingOutOfRange(ConfigError):
+    """A numeric setting is not a finite number within its allowed range."""
+
+    def __init__(self, message: str | None = None, *, setting: str, value: float, allowed: str) -> None:
+        #: The environment variable at fault.
+        self.setting = setting
+        self.value = value
+        #: The allowed values in words, e.g. "a number of seconds in 1..3600".
+        self.allowed = allowed
+        super().__init__(message or f"{setting} must be {allowed}, got {value}")
 
 
 class DagDefinitionError(TreadleError):
@@ -140,6 +154,21 @@ class BackfillConflict(TreadleError):
 
 class SchemaOutOfDate(TreadleError):
     """The database schema is not at the revision this code expects; run `treadle db upgrade`."""
+
+
+class SchemaTooNew(SchemaOutOfDate):
+    """The database was migrated by a newer treadle; upgrade treadle, do not downgrade the database."""
+
+    def __init__(self, message: str | None = None, *, revision: str, expected: str) -> None:
+        #: The revision the database is at (unknown to this code).
+        self.revision = revision
+        #: The newest revision this code knows.
+        self.expected = expected
+        super().__init__(
+            message
+            or f"database is at revision {revision}, newer than this treadle (expects {expected}): "
+            "upgrade treadle, do not downgrade the database"
+        )
 
 
 class DatabaseUnavailable(TreadleError):

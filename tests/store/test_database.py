@@ -6,6 +6,7 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 
+from treadle.errors import ConfigError
 from treadle.store.database import Database, is_transient, normalise_url
 
 
@@ -13,14 +14,23 @@ from treadle.store.database import Database, is_transient, normalise_url
     ("url", "expected"),
     [
         ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
         ("mysql://u:p@h:3306/db", "mysql+pymysql://u:p@h:3306/db"),
         ("mariadb://u@h/db", "mysql+pymysql://u@h/db"),
         ("mysql+pymysql://u@h/db", "mysql+pymysql://u@h/db"),
+        ("mariadb+pymysql://u@h/db", "mysql+pymysql://u@h/db"),
         ("sqlite:///x.db", "sqlite:///x.db"),
     ],
 )
 def test_urls_are_normalised_to_the_bundled_drivers(url: str, expected: str) -> None:
     assert normalise_url(url) == expected
+
+
+@pytest.mark.parametrize("url", ["postgresqlx://u@h/db", "mysqlx://u@h/db", "http://h/db"])
+def test_unknown_schemes_are_a_config_error_not_a_driver_error(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"unsupported scheme .*; supported: sqlite:///PATH, postgresql://"):
+        Database(url)
 
 
 @pytest.mark.parametrize(("code", "transient"), [(1213, True), (1205, True), (2013, True), (1062, False)])

@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from treadle.errors import SchemaTooNew
 from treadle.store import migrate
 from treadle.store.database import Database
 
@@ -18,6 +21,24 @@ def test_migrated_schema_matches_tables(db: Database) -> None:
 def test_upgrade_is_idempotent(db: Database) -> None:
     migrate.upgrade(db)
     assert migrate.current_revision(db) == migrate.head_revision()
+
+
+def test_a_database_ahead_of_the_code_is_refused_not_downgraded(db: Database) -> None:
+    with db.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    head = migrate.head_revision()
+    expected = (
+        f"database is at revision 9999, newer than this treadle (expects {head}): "
+        "upgrade treadle, do not downgrade the database"
+    )
+    with pytest.raises(SchemaTooNew) as info:
+        migrate.upgrade(db)
+    assert (str(info.value), info.value.revision, info.value.expected) == (expected, "9999", head)
+    assert migrate.current_revision(db) == "9999"
+    with pytest.raises(SchemaTooNew):
+        migrate.refuse_newer(migrate.current_revision(db))
+    migrate.refuse_newer(head)
+    migrate.refuse_newer(None)
 
 
 def test_sqlite_uses_wal(tmp_path: Path) -> None:

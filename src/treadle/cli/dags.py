@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import click
 
 from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table, to_jsonable
+from treadle.domain.conf_limits import check_conf_depth, json_text_depth
 from treadle.engine import queries
 from treadle.engine.pausing import set_paused
 from treadle.engine.runs import trigger_run
@@ -113,12 +115,8 @@ def errors_cmd(ctx: Context, as_json: bool, show_tb: bool) -> None:
 @pass_context
 def trigger_cmd(ctx: Context, dag_id: str, conf: str, as_json: bool) -> None:
     """Start a manual run of DAG_ID."""
-    try:
-        parsed = json.loads(conf)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"--conf is not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest("--conf must be a JSON object")
+    # Parsed before connecting, so bad input is reported even when the database is not usable.
+    parsed = parse_conf(conf)
     run = trigger_run(
         ctx.db,
         dag_id,
@@ -130,6 +128,18 @@ def trigger_cmd(ctx: Context, dag_id: str, conf: str, as_json: bool) -> None:
         emit_json(run)
         return
     click.echo(f"triggered {run.run_id}")
+
+
+def parse_conf(text: str) -> dict[str, Any]:
+    """The --conf JSON object; InvalidRequest if it is not one or is nested too deep to parse."""
+    check_conf_depth(json_text_depth(text), source="--conf")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"--conf is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("--conf must be a JSON object")
+    return parsed
 
 
 @dags_group.command("pause")

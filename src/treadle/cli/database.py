@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from treadle.cli.main import Context, cli, pass_context
+from treadle.cli.main import Context, cli, pass_context, require_schema
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
 from treadle.engine import retention
@@ -29,12 +29,9 @@ def upgrade(ctx: Context) -> None:
 @pass_context
 def check(ctx: Context) -> None:
     """Exit non-zero unless the schema is at the code's revision and matches its tables."""
-    from treadle.store.database import Database
-
-    db = Database(ctx.settings.database_url, application_name="treadle-cli")
-    current, head = migrate.current_revision(db), migrate.head_revision()
-    if current != head:
-        raise SchemaOutOfDate(f"database at {current or 'nothing'}, code expects {head}")
+    db = ctx.open_db("treadle-cli")
+    require_schema(db)
+    current = migrate.current_revision(db)
     differences = migrate.drift(db)
     if differences:
         raise SchemaOutOfDate("schema differs from the code's tables: " + "; ".join(differences))

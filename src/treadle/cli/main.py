@@ -6,11 +6,13 @@ import getpass
 import sys
 from collections.abc import Callable
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import click
 
 from treadle.config import Settings
+from treadle.domain.urls import parse_database_url, sqlite_file
 from treadle.errors import ConfigError, SchemaOutOfDate, TreadleError
 from treadle.store import migrate
 from treadle.store.database import Database
@@ -29,21 +31,50 @@ class Context:
     @cached_property
     def db(self) -> Database:
         """The database, checked to be at the code's schema revision."""
-        db = Database(self.settings.database_url, application_name="treadle-cli")
+        db = self.open_db("treadle-cli")
         require_schema(db)
         return db
 
     def db_upgraded(self, application_name: str) -> Database:
         """The database, migrated to head first (processes that own a SQLite file do this)."""
         self.settings.home.mkdir(parents=True, exist_ok=True)
-        db = Database(self.settings.database_url, application_name=application_name, pool_size=10)
+        db = self.open_db(application_name, pool_size=10)
         migrate.upgrade(db)
         return db
 
+    def open_db(self, application_name: str, *, pool_size: int = 5) -> Database:
+        """The database of the settings, as it is (a SQLite file's missing folders are made)."""
+        url = self.settings.database_url
+        make_sqlite_folder(url)
+        return Database(url, application_name=application_name, pool_size=pool_size)
+
+
+def make_sqlite_folder(url: str) -> None:
+    """Create the missing folders (0700) of a SQLite URL's file; ConfigError naming one that fails."""
+    path = sqlite_file(parse_database_url(url))
+    if path is None:
+        return
+    folder = Path(path).absolute().parent
+    missing = [p for p in (folder, *folder.parents) if not p.is_dir()]
+    for p in reversed(missing):
+        problem = "a file is in the way" if p.exists() else _mkdir_problem(p)
+        if problem:
+            raise ConfigError(f"cannot create folder {p} for the SQLite database {path}: {problem}")
+
+
+def _mkdir_problem(folder: Path) -> str | None:
+    """Make `folder` (0700); the reason it could not be made, or None."""
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
 
 def require_schema(db: Database) -> None:
-    """Raise SchemaOutOfDate unless the database is at head."""
+    """Raise SchemaTooNew or SchemaOutOfDate unless the database is at head."""
     current, head = migrate.current_revision(db), migrate.head_revision()
+    migrate.refuse_newer(current)
     if current != head:
         raise SchemaOutOfDate(
             f"database schema is at {current or 'nothing'}, code expects {head}; run `treadle db upgrade`"
@@ -67,7 +98,12 @@ class Group(click.Group):
             return super().invoke(ctx)
         except TreadleError as exc:
             click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_CODES.get(type(exc), 1))
+            sys.exit(exit_code(exc))
+
+
+def exit_code(exc: TreadleError) -> int:
+    """The exit code of the nearest class of `exc` in EXIT_CODES (1 if none)."""
+    return next((EXIT_CODES[c] for c in type(exc).__mro__ if c in EXIT_CODES), 1)
 
 
 @click.group(cls=Group)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.conf_limits import check_conf_limits
 from treadle.domain.dag_version import DagStructure, DagVersion
 from treadle.domain.manifest import DatasetConsumption, build_manifest
 from treadle.domain.params import resolve_params
@@ -16,7 +16,7 @@ from treadle.domain.records import RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.engine.dags import version_of
-from treadle.errors import DagNotFound, InvalidRequest, RunCancelledError, RunNotFound
+from treadle.errors import DagNotFound, RunCancelledError, RunNotFound
 from treadle.store import dags as dag_store
 from treadle.store import dialects
 from treadle.store import runs as run_store
@@ -26,9 +26,6 @@ from treadle.store.database import Database, db_now
 #: Backfill task instances are claimed after every live one (same relative order among
 #: themselves): a backfill catches up in the slots live work leaves free.
 BACKFILL_PRIORITY_OFFSET = 1_000_000
-
-#: Largest accepted trigger conf, serialized.
-MAX_CONF_BYTES = 64 * 1024
 
 
 def trigger_run(
@@ -47,8 +44,7 @@ def trigger_run(
     `default_queue_timeout_s` (the deployment's).
     """
     conf = dict(conf or {})
-    if len(json.dumps(conf)) > MAX_CONF_BYTES:
-        raise InvalidRequest(f"conf is larger than the limit of {MAX_CONF_BYTES} bytes")
+    check_conf_limits(conf)
 
     def work(conn: Connection) -> RunInfo:
         dag = dag_store.get_dag(conn, dag_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import random
 import time
@@ -16,7 +17,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import RunInfo
-from treadle.errors import DatabaseUnavailable
+from treadle.domain.urls import DatabaseUrl, parse_database_url
+from treadle.errors import ConfigError, DatabaseUnavailable
 from treadle.store import dialects
 
 log = logging.getLogger("treadle.store")
@@ -42,17 +44,29 @@ _TRANSIENT_MYSQL_ERRORS = {1205, 1213, 2006, 2013, 1927, 4031}
 
 
 def normalise_url(url: str) -> str:
-    """Map plain `postgresql://` URLs to the psycopg 3 driver, `mysql://` / `mariadb://` to PyMySQL.
+    """Map an accepted URL to the bundled driver: PostgreSQL to psycopg 3, MySQL/MariaDB to PyMySQL.
 
-    MariaDB URLs use SQLAlchemy's `mysql` dialect name, so one name covers both servers.
+    Schemes are matched exactly (domain/urls.py lists them); anything else, or a MySQL/MariaDB
+    URL without PyMySQL installed, is a ConfigError. MariaDB URLs use SQLAlchemy's `mysql`
+    dialect name, so one name covers both servers.
     """
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    for prefix in ("mysql://", "mariadb://", "mariadb+pymysql://"):
-        if url.startswith(prefix):
-            return "mysql+pymysql://" + url[len(prefix) :]
-    return url
+    parsed = parse_database_url(url)
+    _require_driver(parsed)
+    return parsed.for_driver
+
+
+def _require_driver(url: DatabaseUrl) -> None:
+    """ConfigError naming the extra to install if an optional driver cannot be imported."""
+    backend = url.backend
+    if backend.driver_module is None:
+        return
+    try:
+        importlib.import_module(backend.driver_module)
+    except ImportError:
+        raise ConfigError(
+            f"{url.scheme}:// URLs need the {backend.driver_module} driver, which is not installed: "
+            f'pip install "treadle[{backend.extra}]"'
+        ) from None
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -10,8 +10,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
 
-from treadle.errors import DatabaseUnavailable
+from treadle.errors import DatabaseUnavailable, SchemaTooNew
 from treadle.store.database import Database, redact
 from treadle.store.tables import metadata
 
@@ -29,6 +30,21 @@ def head_revision() -> str:
     head = ScriptDirectory.from_config(_config()).get_current_head()
     assert head is not None
     return head
+
+
+def known_revisions() -> frozenset[str]:
+    """Every revision this code's migrations define."""
+    return frozenset(rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions())
+
+
+def refuse_newer(current: str | None) -> None:
+    """Raise SchemaTooNew if the database is at a revision this code does not know.
+
+    The chain is linear, so a revision we know is head or older; one we do not know was written
+    by a newer treadle (or one from another branch), and no downgrade path from it exists here.
+    """
+    if current is not None and current not in known_revisions():
+        raise SchemaTooNew(revision=current, expected=head_revision())
 
 
 def current_revision(db: Database) -> str | None:
@@ -50,11 +66,20 @@ def _sqlite_exists(db: Database) -> bool:
 
 
 def upgrade(db: Database, revision: str = "head") -> None:
-    """Upgrade the schema (idempotent)."""
+    """Upgrade the schema (idempotent); SchemaTooNew if the database is ahead of this code."""
     cfg = _config()
-    with db.engine.begin() as conn:
+    with _connect(db) as conn, conn.begin():
+        refuse_newer(MigrationContext.configure(conn).get_current_revision())
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+def _connect(db: Database) -> Connection:
+    """A connection, or DatabaseUnavailable naming the database (SQLite: an unopenable file)."""
+    try:
+        return db.engine.connect()
+    except sa.exc.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot use database {redact(db.url)}: {exc.orig or exc}") from exc
 
 
 def drift(db: Database) -> list[str]:
