@@ -4,11 +4,16 @@ clear errors with a non-zero exit for bad input."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import Cluster
+from tests.helpers.processes import run_cli, running, treadle_env
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -121,3 +126,43 @@ def test_cli_smoke(sqlite_url: str, cluster: Callable[..., Cluster]) -> None:
         assert "Traceback" not in done.stderr, (args, done.stderr)
     assert len(c.cli_json("runs", "list")) == 1
     assert c.procs["standalone"].poll() is None
+
+
+@pytest.fixture
+def permissive_umask() -> Iterator[None]:
+    """A umask of 022 (files 0644, directories 0755) for this process and what it starts."""
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("permissive_umask")
+def test_home_database_and_its_wal_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    database = home / "treadle.db"
+    env = treadle_env(database_url=f"sqlite:///{database}", dags_folder=tmp_path / "dags", home=home)
+
+    upgraded = run_cli(["db", "upgrade"], env)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert _mode(home) == 0o700
+    assert _mode(database) == 0o600
+
+    # A running process keeps its connections open, so the -wal and -shm files stay to be seen.
+    with running(["standalone"], env, tmp_path / "standalone.log") as standalone:
+        written = run_cli(["pools", "set", "warehouse", "4"], env)
+        assert written.returncode == 0, written.stderr
+        wal, shm = Path(f"{database}-wal"), Path(f"{database}-shm")
+        wait_for(lambda: wal.exists() and shm.exists(), timeout=30, message="the -wal and -shm files")
+        assert {p.name: _mode(p) for p in (database, wal, shm)} == {
+            "treadle.db": 0o600,
+            "treadle.db-wal": 0o600,
+            "treadle.db-shm": 0o600,
+        }
+        assert standalone.poll() is None
+    assert _mode(home) == 0o700
