@@ -166,3 +166,58 @@ def test_home_database_and_its_wal_files_are_private_whatever_the_umask(tmp_path
         }
         assert standalone.poll() is None
     assert _mode(home) == 0o700
+
+
+SECRET_DAG = """
+    from __future__ import annotations
+
+    import json
+    import os
+
+    from treadle import Param, TaskContext, dag, task
+
+    OUT = __OUT__
+
+
+    @task
+    def uses_secret(context: TaskContext) -> str:
+        with open(os.environ["TREADLE_MANIFEST_FILE"]) as f:
+            in_manifest = json.load(f)["params"]["password"]
+        with open(OUT, "w") as f:
+            json.dump({"params": context.params["password"], "manifest_file": in_manifest}, f)
+        return "done"
+
+
+    @dag(dag_id="secretive", params={"password": Param("", type="string", format="password")})
+    def secretive() -> None:
+        uses_secret()
+"""
+
+
+def test_secret_params_reach_the_task_but_never_the_operator(
+    sqlite_url: str, cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    canary = "canary-5f1d2e"
+    received = tmp_path / "received.json"
+    c = cluster(sqlite_url)
+    c.write_dag("secretive.py", SECRET_DAG, out=str(received))
+    c.start("standalone", "standalone")
+    c.wait_dag("secretive")
+    triggered = c.cli("dags", "trigger", "secretive", "--conf", json.dumps({"password": canary}), "--json")
+    assert triggered.returncode == 0, triggered.stderr
+    assert canary not in triggered.stdout
+    run_id = json.loads(triggered.stdout)["run_id"]
+    assert c.wait_run(run_id, timeout=30).run.state == "success"
+
+    assert json.loads(received.read_text()) == {"params": canary, "manifest_file": canary}
+    shown = c.cli_json("runs", "show", run_id)
+    assert canary not in json.dumps(shown)
+    assert shown["run"]["params"] == {"password": "***"}
+    assert shown["run"]["conf"] == {"password": "***"}
+    assert shown["run"]["manifest"]["params"] == {"password": "***"}
+    table = c.cli("runs", "show", run_id)
+    assert table.returncode == 0, table.stderr
+    assert canary not in table.stdout and '"password": "***"' in table.stdout
+    listed = c.cli("runs", "list", "--json")
+    assert listed.returncode == 0 and run_id in listed.stdout and canary not in listed.stdout
+    assert canary not in c.log("standalone")
