@@ -169,3 +169,59 @@ def test_timeout_kills_the_attempt_and_the_processes_it_started(
         message="the timed-out task's processes to exit",
     )
     assert worker.poll() is None
+
+
+LEAVES_DAG = """
+    from __future__ import annotations
+
+    import os
+    import subprocess
+
+    from treadle import dag, task
+
+    PIDS = __PIDS__
+
+
+    @task
+    def leaves_helpers() -> str:
+        helper = subprocess.Popen(["sleep", "300"])
+        # A grandchild of the task, started through a shell that waits for it.
+        nested_file = os.path.join(PIDS, "nested.tmp")
+        subprocess.Popen(["sh", "-c", f"sleep 301 & echo $! > {nested_file}; wait"])
+        while not os.path.exists(nested_file) or not open(nested_file).read().strip():
+            pass
+        with open(os.path.join(PIDS, "helpers"), "w") as f:
+            f.write(f"{helper.pid} {open(nested_file).read().strip()}")
+        os.unlink(nested_file)
+        return "returned"
+
+
+    @dag(dag_id="leaves")
+    def leaves() -> None:
+        leaves_helpers()
+"""
+
+
+def test_processes_a_task_leaves_running_are_killed_when_its_attempt_ends(
+    db_url: str, cluster: Callable[..., Cluster]
+) -> None:
+    c = cluster(db_url)
+    c.write_dag("leaves.py", LEAVES_DAG, pids=str(c.pids))
+    assert c.cli("dags", "sync").returncode == 0
+    c.start("scheduler", "scheduler")
+    worker = c.worker("worker")
+
+    detail = c.wait_run(c.trigger("leaves"), timeout=60)
+    assert detail.run.state == "success" and detail.results == {"leaves_helpers": "returned"}
+    helpers = c.recorded_pids()
+    assert len(helpers) == 2
+    wait_for(
+        lambda: not any(process_alive(pid) for pid in helpers),
+        timeout=30,
+        message="the processes the task left running to be killed",
+    )
+    # The child that ran the task survived its own clean-up and serves the next attempt.
+    assert c.wait_run(c.trigger("leaves"), timeout=60).run.state == "success"
+    assert worker.poll() is None
+    (first, *_) = [ln for ln in c.log("worker").splitlines() if "killed processes a task left" in ln]
+    assert set(map(str, helpers)) <= set(first.rpartition(": ")[2].split())

@@ -4,11 +4,16 @@ clear errors with a non-zero exit for bad input."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import Cluster
+from tests.helpers.processes import run_cli, running, treadle_env
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -121,3 +126,98 @@ def test_cli_smoke(sqlite_url: str, cluster: Callable[..., Cluster]) -> None:
         assert "Traceback" not in done.stderr, (args, done.stderr)
     assert len(c.cli_json("runs", "list")) == 1
     assert c.procs["standalone"].poll() is None
+
+
+@pytest.fixture
+def permissive_umask() -> Iterator[None]:
+    """A umask of 022 (files 0644, directories 0755) for this process and what it starts."""
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("permissive_umask")
+def test_home_database_and_its_wal_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    database = home / "treadle.db"
+    env = treadle_env(database_url=f"sqlite:///{database}", dags_folder=tmp_path / "dags", home=home)
+
+    upgraded = run_cli(["db", "upgrade"], env)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert _mode(home) == 0o700
+    assert _mode(database) == 0o600
+
+    # A running process keeps its connections open, so the -wal and -shm files stay to be seen.
+    with running(["standalone"], env, tmp_path / "standalone.log") as standalone:
+        written = run_cli(["pools", "set", "warehouse", "4"], env)
+        assert written.returncode == 0, written.stderr
+        wal, shm = Path(f"{database}-wal"), Path(f"{database}-shm")
+        wait_for(lambda: wal.exists() and shm.exists(), timeout=30, message="the -wal and -shm files")
+        assert {p.name: _mode(p) for p in (database, wal, shm)} == {
+            "treadle.db": 0o600,
+            "treadle.db-wal": 0o600,
+            "treadle.db-shm": 0o600,
+        }
+        assert standalone.poll() is None
+    assert _mode(home) == 0o700
+
+
+SECRET_DAG = """
+    from __future__ import annotations
+
+    import json
+    import os
+
+    from treadle import Param, TaskContext, dag, task
+
+    OUT = __OUT__
+
+
+    @task
+    def uses_secret(context: TaskContext) -> str:
+        with open(os.environ["TREADLE_MANIFEST_FILE"]) as f:
+            in_manifest = json.load(f)["params"]["password"]
+        with open(OUT, "w") as f:
+            json.dump({"params": context.params["password"], "manifest_file": in_manifest}, f)
+        return "done"
+
+
+    @dag(dag_id="secretive", params={"password": Param("", type="string", format="password")})
+    def secretive() -> None:
+        uses_secret()
+"""
+
+
+def test_secret_params_reach_the_task_but_never_the_operator(
+    sqlite_url: str, cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    canary = "canary-5f1d2e"
+    received = tmp_path / "received.json"
+    c = cluster(sqlite_url)
+    c.write_dag("secretive.py", SECRET_DAG, out=str(received))
+    c.start("standalone", "standalone")
+    c.wait_dag("secretive")
+    triggered = c.cli("dags", "trigger", "secretive", "--conf", json.dumps({"password": canary}), "--json")
+    assert triggered.returncode == 0, triggered.stderr
+    assert canary not in triggered.stdout
+    run_id = json.loads(triggered.stdout)["run_id"]
+    assert c.wait_run(run_id, timeout=30).run.state == "success"
+
+    assert json.loads(received.read_text()) == {"params": canary, "manifest_file": canary}
+    shown = c.cli_json("runs", "show", run_id)
+    assert canary not in json.dumps(shown)
+    assert shown["run"]["params"] == {"password": "***"}
+    assert shown["run"]["conf"] == {"password": "***"}
+    assert shown["run"]["manifest"]["params"] == {"password": "***"}
+    table = c.cli("runs", "show", run_id)
+    assert table.returncode == 0, table.stderr
+    assert canary not in table.stdout and '"password": "***"' in table.stdout
+    listed = c.cli("runs", "list", "--json")
+    assert listed.returncode == 0 and run_id in listed.stdout and canary not in listed.stdout
+    assert canary not in c.log("standalone")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -170,6 +171,29 @@ def test_lease_is_taken_over_only_after_it_lapses_on_the_database_clock(db: Data
     # The old holder's renewal with its stale epoch fails: it must step down.
     assert not first.refresh()
     assert not first.is_leader()
+
+
+def test_a_round_trip_too_long_to_bound_the_skew_never_refuses_leadership(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A limit of a microsecond allows round trips of a quarter of that: no real read is that
+    # fast, so the skew is never measured, and an unmeasured skew must not cost leadership.
+    leadership = Leadership(db, holder="slow-reader", lease_s=60, max_skew_s=1e-6)
+    with caplog.at_level(logging.WARNING, logger="treadle.scheduler"):
+        assert leadership.refresh()
+        assert leadership.refresh()
+    assert not leadership.skew_too_large
+    unmeasured = [r for r in caplog.records if getattr(r, "event", None) == "scheduler.skew_unmeasured"]
+    assert len(unmeasured) == 2
+    assert all(getattr(r, "round_trip_s", None) is not None for r in unmeasured)
+
+
+def test_a_measured_skew_within_the_limit_is_recorded(db: Database) -> None:
+    leadership = Leadership(db, holder="measured", lease_s=60, max_skew_s=30.0)
+    assert leadership.refresh()
+    # The test host and the database share a clock: within a second, even on SQLite's millisecond clock.
+    assert abs(leadership.skew_s) < 1.0
+    assert not leadership.skew_too_large
 
 
 def test_a_changed_dag_keeps_its_watermark_and_never_refires_a_slot(db: Database) -> None:

@@ -36,6 +36,7 @@ SCHEMA_KEYWORDS: Final = frozenset(
         "anyOf",
         "oneOf",
         "examples",
+        "writeOnly",
     }
 )
 

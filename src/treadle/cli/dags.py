@@ -125,7 +125,7 @@ def trigger_cmd(ctx: Context, dag_id: str, conf: str, as_json: bool) -> None:
         default_queue_timeout_s=ctx.settings.queue_timeout_s,
     )
     if as_json:
-        emit_json(run)
+        emit_json(queries.run_for_operators(ctx.db, run))
         return
     click.echo(f"triggered {run.run_id}")
 

@@ -16,6 +16,10 @@ from treadle.domain.urls import parse_database_url, sqlite_file
 from treadle.errors import ConfigError, SchemaOutOfDate, TreadleError
 from treadle.store import migrate
 from treadle.store.database import Database
+from treadle.store.sqlite_file import create_private_sqlite_file
+
+#: Mode of a TREADLE_HOME treadle creates: owner only.
+PRIVATE_DIR_MODE = 0o700
 
 EXIT_CODES: dict[type[TreadleError], int] = {ConfigError: 2, SchemaOutOfDate: 3}
 
@@ -36,9 +40,14 @@ class Context:
         return db
 
     def db_upgraded(self, application_name: str) -> Database:
-        """The database, migrated to head first (processes that own a SQLite file do this)."""
-        self.settings.home.mkdir(parents=True, exist_ok=True)
+        """The database, migrated to head first (processes that own a SQLite file do this).
+
+        TREADLE_HOME and the SQLite file are created private (0700, 0600) whatever the umask:
+        they hold run params and results.
+        """
+        create_private_dir(self.settings.home)
         db = self.open_db(application_name, pool_size=10)
+        create_private_sqlite_file(db)
         migrate.upgrade(db)
         return db
 
@@ -69,6 +78,14 @@ def _mkdir_problem(folder: Path) -> str | None:
     except OSError as exc:
         return exc.strerror or str(exc)
     return None
+
+
+def create_private_dir(path: Path) -> None:
+    """Create `path` (and missing parents) unless it exists, the last part with mode 0700."""
+    if path.is_dir():
+        return
+    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    path.chmod(PRIVATE_DIR_MODE)  # mkdir's mode passes through the umask; this does not
 
 
 def require_schema(db: Database) -> None:

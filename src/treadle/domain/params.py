@@ -12,6 +12,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from treadle.domain.secret_params import is_secret_path
 from treadle.errors import ParamsInvalid
 
 #: JSON Schema dialect of every params schema.
@@ -79,6 +80,9 @@ def resolve_params(dag_id: str, schema: dict[str, Any] | None, conf: Mapping[str
     found: dict[tuple[tuple[tuple[int, int, str], ...], str], ParamViolation] = {}
     for error in validator.iter_errors(merged):
         for parts, message in _explain(error):
+            if error.validator != "required" and is_secret_path(schema, parts):
+                # jsonschema's messages quote the value; errors reach logs and terminals.
+                message = f"does not satisfy {error.validator!r} (the value of a secret param is not shown)"
             violation = ParamViolation(_json_path(parts), _clip(message))
             found.setdefault((_parts_key(parts), violation.message), violation)
     if found:

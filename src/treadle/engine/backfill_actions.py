@@ -22,6 +22,7 @@ from treadle.domain.states import RunState
 from treadle.domain.timetable import ScheduleSpec
 from treadle.engine.cancellation import cancel_run
 from treadle.engine.dags import version_of
+from treadle.engine.queries import runs_for_operators
 from treadle.errors import BackfillConflict, DagNotFound, InvalidRequest, ParamsInvalid
 from treadle.store import audit
 from treadle.store import backfills as backfill_store
@@ -294,8 +295,9 @@ def get_backfill(db: Database, backfill_id: int) -> BackfillDetail:
     def work(conn: Connection) -> BackfillDetail:
         b = _get(conn, backfill_id)
         counts = backfill_store.run_state_counts(conn, [b.id])
+        runs = backfill_store.runs_of(conn, b.id)
         return BackfillDetail(
-            status=_status(b, counts.get(b.id, {})), runs=backfill_store.runs_of(conn, b.id)
+            status=_status(b, counts.get(b.id, {})), runs=runs_for_operators(db, conn, runs)
         )
 
     return db.query(work)

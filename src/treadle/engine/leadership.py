@@ -4,21 +4,28 @@ A scheduler is leader while it holds the `scheduler` lease at its epoch. It rene
 of the lease; it treats itself as leader only until its own monotonic deadline (renewal sent +
 lease - margin), so a paused leader stops acting before a standby may take over. Standbys try
 to take the lease a few times a second; the lease lapses on the database clock, never a host's.
-A host whose clock differs from the database's by more than `max_skew_s` refuses to lead.
+A host whose clock differs from the database's by more than `max_skew_s` refuses to lead; the
+skew is judged only from database reads whose round trip is short enough to bound it
+(domain/clock.py), so a stalled database never makes a host refuse leadership.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.clock import SkewJudgement, SkewSample, SkewVerdict, judge_skew, max_round_trip_s
 from treadle.engine.scheduling import LEADER_LEASE
 from treadle.store import leases as lease_store
 from treadle.store.database import Database, db_now
 
 log = logging.getLogger("treadle.scheduler")
+
+#: Readings of the database clock per refresh at most, while each round trip is too long to judge.
+SKEW_SAMPLES = 3
 
 
 class Leadership:
@@ -35,6 +42,8 @@ class Leadership:
         self.valid_until = 0.0
         #: Last measured database-minus-host clock difference, seconds.
         self.skew_s = 0.0
+        #: Last verdict from a measurable round trip; kept while the skew cannot be measured.
+        self.skew_too_large = False
 
     @property
     def renew_every_s(self) -> float:
@@ -48,22 +57,24 @@ class Leadership:
     def refresh(self) -> bool:
         """Renew the lease if held, else try to take it; returns whether this process leads."""
         sent = time.monotonic()
-        host_before = time.time()
 
-        def work(conn: Connection) -> tuple[int | None, float]:
-            now = db_now(conn)
-            # Database minus host clock, the host side read around the database's.
-            skew = now.timestamp() - (host_before + time.time()) / 2
-            if abs(skew) > self.max_skew_s and self.epoch is None:
-                return None, skew
+        def work(conn: Connection) -> tuple[int | None, SkewJudgement, bool]:
+            samples, now = _read_clock(conn, max_skew_s=self.max_skew_s)
+            judgement = judge_skew(samples, max_skew_s=self.max_skew_s)
+            too_large = self.skew_too_large
+            if judgement.verdict is not SkewVerdict.UNKNOWN:
+                too_large = judgement.verdict is SkewVerdict.TOO_LARGE
+            if too_large and self.epoch is None:
+                return None, judgement, too_large
             epoch = lease_store.acquire(
                 conn, LEADER_LEASE, holder=self.holder, epoch=self.epoch, lease_s=self.lease_s, now=now
             )
-            return epoch, skew
+            return epoch, judgement, too_large
 
-        epoch, self.skew_s = self.db.transact(work)
+        epoch, judgement, self.skew_too_large = self.db.transact(work)
+        self._log_skew(judgement)
         if epoch is None:
-            if abs(self.skew_s) > self.max_skew_s:
+            if self.skew_too_large:
                 log.error(
                     "clock skew too large to lead",
                     extra={
@@ -86,6 +97,22 @@ class Leadership:
         self.valid_until = sent + self.lease_s * 0.8
         return True
 
+    def _log_skew(self, judgement: SkewJudgement) -> None:
+        if judgement.skew_s is not None:
+            self.skew_s = judgement.skew_s
+            return
+        rtt = judgement.best_round_trip_s
+        log.warning(
+            "clock skew could not be measured: every database round trip was too long; "
+            "keeping the previous verdict",
+            extra={
+                "event": "scheduler.skew_unmeasured",
+                "round_trip_s": None if rtt is None else round(rtt, 3),
+                "max_round_trip_s": max_round_trip_s(self.max_skew_s),
+                "skew_too_large": self.skew_too_large,
+            },
+        )
+
     def step_down(self, reason: str) -> None:
         """Stop acting as leader (the lease lapses or was already taken)."""
         if self.epoch is not None:
@@ -107,3 +134,20 @@ class Leadership:
                 log.info("leadership released", extra={"event": "scheduler.leader_released", "epoch": epoch})
         except Exception:
             log.warning("could not release the leader lease; it will lapse", exc_info=True)
+
+
+def _read_clock(conn: Connection, *, max_skew_s: float) -> tuple[list[SkewSample], datetime]:
+    """Read the database clock, again while the round trip is too long to judge skew (at most
+    SKEW_SAMPLES times); return the readings and the last database time.
+
+    Each reading is bracketed by host reads of its own: the first one may include a wait for a
+    connection or a lock, and a transaction retried after an outage is measured afresh.
+    """
+    samples: list[SkewSample] = []
+    while True:
+        before = time.time()
+        now = db_now(conn)
+        samples.append(SkewSample(host_before_s=before, db_s=now.timestamp(), host_after_s=time.time()))
+        judged = judge_skew(samples, max_skew_s=max_skew_s).verdict is not SkewVerdict.UNKNOWN
+        if judged or len(samples) >= SKEW_SAMPLES:
+            return samples, now

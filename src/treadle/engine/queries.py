@@ -15,6 +15,8 @@ from treadle.domain.records import (
     TaskInstanceInfo,
     WorkerInfo,
 )
+from treadle.domain.secret_params import mask_run
+from treadle.engine.dags import versions_of
 from treadle.engine.diagnosis import live_workers
 from treadle.errors import RunNotFound
 from treadle.store import attempts as attempt_store
@@ -52,19 +54,36 @@ def list_load_errors(db: Database) -> list[LoadErrorInfo]:
 
 
 def list_runs(db: Database, *, dag_id: str | None = None, limit: int = 50) -> list[RunInfo]:
-    """The newest runs."""
-    return db.query(lambda conn: run_store.list_runs(conn, dag_id=dag_id, limit=limit))
+    """The newest runs, secret params masked."""
+
+    def work(conn: Connection) -> list[RunInfo]:
+        return runs_for_operators(db, conn, run_store.list_runs(conn, dag_id=dag_id, limit=limit))
+
+    return db.query(work)
+
+
+def runs_for_operators(db: Database, conn: Connection, runs: list[RunInfo]) -> list[RunInfo]:
+    """The runs as operators may see them: params their DAG version marks secret masked."""
+    versions = versions_of(db, conn, {r.dag_version_id for r in runs})
+    return [mask_run(r, versions[r.dag_version_id].structure.params_schema) for r in runs]
+
+
+def run_for_operators(db: Database, run: RunInfo) -> RunInfo:
+    """One run as operators may see it (see runs_for_operators)."""
+    (shown,) = db.query(lambda conn: runs_for_operators(db, conn, [run]))
+    return shown
 
 
 def run_detail(db: Database, run_id: str) -> RunDetail:
-    """A run with everything recorded about it."""
+    """A run with everything recorded about it, secret params masked."""
 
     def work(conn: Connection) -> RunDetail:
         run = run_store.get_run(conn, run_id)
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
+        (shown,) = runs_for_operators(db, conn, [run])
         return RunDetail(
-            run=run,
+            run=shown,
             task_instances=ti_store.list_for_run(conn, run_id),
             attempts=attempt_store.list_attempts(conn, run_id=run_id),
             results=attempt_store.results_of_run(conn, run_id),

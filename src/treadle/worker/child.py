@@ -23,6 +23,7 @@ from typing import Any
 from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
 from treadle.authoring.loader import load_file, load_folder
 from treadle.authoring.specs import Dag
+from treadle.worker.containment import kill_stray_processes
 from treadle.worker.protocol import Message, error_message, receive, send
 
 log = logging.getLogger("treadle.worker.child")
@@ -253,4 +254,5 @@ def child_main(
             reply = run_task(cache, msg, max_result_bytes=max_result_bytes)
         else:
             reply = run_callback(cache, msg)
+        kill_stray_processes()  # nothing a task started outlives its attempt (containment.py)
         send(conn, reply)
