@@ -130,3 +130,29 @@ def _wait_out(seconds: float) -> float:
     began = time.monotonic()
     time.sleep(seconds)
     return time.monotonic() - began
+
+
+def test_a_restart_shorter_than_the_lease_starts_no_attempt_twice(
+    private_pg: PrivatePostgres, cluster: Callable[..., Cluster]
+) -> None:
+    """`pg_ctl restart -m fast` takes a second or two, well inside the lease: nothing is killed,
+    nothing is reaped, every task starts exactly once."""
+    c = cluster(private_pg.url, TREADLE_LEASE_SECONDS="12", TREADLE_HEARTBEAT_SECONDS="1")
+    effects = c.root / "effects.log"
+    c.write_dag("outage.py", EFFECT_DAG, effects=str(effects), tasks=TASKS // 2)
+    assert c.cli("db", "upgrade").returncode == 0
+    assert c.cli("dags", "sync").returncode == 0
+    procs = [c.start("scheduler", "scheduler"), c.worker("w1", concurrency=4), c.worker("w2", concurrency=4)]
+    run_id = c.trigger("outage")
+    wait_for(lambda: sum(e[0] == "end" for e in _effects(effects)) >= 20, timeout=90, message="progress")
+
+    private_pg.stop("fast")
+    private_pg.start()
+    c.db.dispose()
+
+    detail = c.wait_run(run_id, timeout=180)
+    assert detail.run.state == "success", {t.task_id: t.state for t in detail.task_instances}
+    assert all(p.poll() is None for p in procs), "a process exited during the restart"
+    starts = collections.Counter(task_id for what, task_id, _ in _effects(effects) if what == "start")
+    assert {t: n for t, n in starts.items() if n > 1} == {}, "an attempt started twice"
+    assert not [a for a in detail.attempts if a.outcome == "lost"]
