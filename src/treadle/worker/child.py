@@ -23,7 +23,7 @@ from typing import Any
 from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
 from treadle.authoring.loader import load_file, load_folder
 from treadle.authoring.specs import Dag
-from treadle.worker.containment import kill_stray_processes
+from treadle.worker.containment import become_subreaper, kill_stray_processes
 from treadle.worker.protocol import Message, error_message, receive, send
 
 log = logging.getLogger("treadle.worker.child")
@@ -243,6 +243,7 @@ def child_main(
     os.setsid()  # a timeout kills this child's whole group, grandchildren included
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_worker()
+    become_subreaper()
     cache = DagCache(Path(folder), file_limit_s=file_limit_s, skip=skip or ())
     send(conn, {"ready": True})
     while True:
