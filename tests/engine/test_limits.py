@@ -162,3 +162,26 @@ def test_racing_claimers_never_exceed_a_pool(db_url: str) -> None:
 
     assert errors == []
     assert 0 < peak <= 3
+
+
+def test_why_names_a_dag_file_that_fails_to_load_on_the_workers(db_url: str) -> None:
+    from treadle.engine.dags import sync_dags
+    from treadle.store.tables import dags as dags_table
+
+    runner = DagRunner(limited, database_url=db_url)
+    try:
+        run_id = runner.trigger()
+        record_worker(runner.db, worker_id="w1", hostname="h", pid=1, queues=["default"], concurrency=8)
+        with runner.db.begin() as conn:
+            conn.execute(sa.update(dags_table).values(fileloc="/dags/limited.py"))
+        sync_dags(
+            runner.db,
+            structures=[],
+            scanned_files=["/dags/limited.py"],
+            errors={"/dags/limited.py": ("DagImportTimeout: importing /dags/limited.py took longer", "")},
+        )
+        [waiting, *_] = diagnosis.why(runner.db, run_id, worker_stale_s=60)
+        assert waiting.reason.startswith("its DAG file /dags/limited.py fails to load on the workers")
+        assert "DagImportTimeout" in waiting.reason
+    finally:
+        runner.close()

@@ -72,6 +72,13 @@ def queued_blocker(
             )
             return f"pool {pool!r} is full ({info.used_slots}/{info.slots} slots in use)", holders
     dag = dag_store.get_dag(conn, dag_id)
+    broken = dag_store.load_error(conn, dag.fileloc) if dag is not None and dag.fileloc else None
+    if broken is not None:
+        return (
+            f"its DAG file {broken.fileloc} fails to load on the workers ({broken.message[:200]}); "
+            "fix the file (`treadle dags errors` shows the traceback)",
+            (),
+        )
     if dag is not None and dag.max_active_tasks is not None:
         running = limits.running_per_dag(conn, [dag_id])[dag_id]
         if running >= dag.max_active_tasks:

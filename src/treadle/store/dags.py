@@ -81,6 +81,12 @@ def list_load_errors(conn: Connection) -> list[LoadErrorInfo]:
     return [LoadErrorInfo(**r._mapping) for r in rows]
 
 
+def load_error(conn: Connection, fileloc: str) -> LoadErrorInfo | None:
+    """The load error recorded for one DAG file, if it has one now."""
+    row = conn.execute(sa.select(dag_load_errors).where(dag_load_errors.c.fileloc == fileloc)).first()
+    return LoadErrorInfo(**row._mapping) if row else None
+
+
 def _dag_select() -> sa.Select[tuple[object, ...]]:
     return sa.select(dags, dag_versions.c.version_hash).select_from(
         dags.outerjoin(dag_versions, dag_versions.c.id == dags.c.latest_version_id)
