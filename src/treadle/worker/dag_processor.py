@@ -28,6 +28,8 @@ _spawn = mp.get_context("spawn")
 
 #: Seconds a processor may take to start (spawn, import treadle) before its first report.
 STARTUP_S = 60.0
+#: Times a processor that dies before its first report is spawned.
+START_TRIES = 3
 #: Seconds a file may take beyond its limit (the loader's own signal ends it at the limit).
 SLACK_S = 2.0
 
@@ -52,7 +54,7 @@ def parse_folder(folder: Path, *, file_limit_s: float) -> ParsedFolder:
     """Import `folder` in processor processes; every file gets `file_limit_s` (see the module)."""
     skip: dict[str, tuple[str, str]] = {}
     while True:
-        parsed = _one_pass(folder, file_limit_s=file_limit_s, skip=skip)
+        parsed = _started_pass(folder, file_limit_s=file_limit_s, skip=skip)
         if isinstance(parsed, ParsedFolder):
             parsed.errors.update(skip)
             return parsed
@@ -61,6 +63,25 @@ def parse_folder(folder: Path, *, file_limit_s: float) -> ParsedFolder:
         log.warning(
             "DAG file import killed", extra={"event": "dags.import_killed", "file": path, "why": message}
         )
+
+
+def _started_pass(
+    folder: Path, *, file_limit_s: float, skip: dict[str, tuple[str, str]]
+) -> ParsedFolder | tuple[str, str]:
+    """`_one_pass`, spawned again when the processor died before it started (a signal sent to
+    the worker's process group reaches it before it has its own), up to START_TRIES times."""
+    for attempt in range(1, START_TRIES + 1):
+        try:
+            return _one_pass(folder, file_limit_s=file_limit_s, skip=skip)
+        except ProcessorDidNotStart as exc:
+            if attempt == START_TRIES:
+                raise RuntimeError(str(exc)) from None
+            log.warning("DAG processor did not start; again", extra={"event": "dags.processor_restart"})
+    raise AssertionError("unreachable")
+
+
+class ProcessorDidNotStart(Exception):
+    """The processor ended or hung before it reported anything."""
 
 
 def _one_pass(
@@ -79,15 +100,17 @@ def _one_pass(
         while True:
             if not parent.poll(STARTUP_S if current is None else file_limit_s + SLACK_S):
                 if current is None:
-                    raise RuntimeError(f"the DAG processor for {folder} did not start within {STARTUP_S:g} s")
+                    raise ProcessorDidNotStart(
+                        f"the DAG processor for {folder} did not start within {STARTUP_S:g} s"
+                    )
                 return current, time_limit_message(current, file_limit_s) + " (the import was killed)"
             try:
                 message = receive(parent)
             except (EOFError, OSError):
                 process.join(timeout=5)
                 if current is None:
-                    raise RuntimeError(
-                        f"the DAG processor for {folder} exited (code {process.exitcode})"
+                    raise ProcessorDidNotStart(
+                        f"the DAG processor for {folder} exited before it started (code {process.exitcode})"
                     ) from None
                 return (
                     current,
