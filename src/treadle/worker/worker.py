@@ -30,10 +30,11 @@ from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
+from treadle.worker.child_process import ChildImports
 from treadle.worker.completer import Completer
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import FencedAttempts, LeaseClock
-from treadle.worker.slot import ChildImports, Slot
+from treadle.worker.slot import Slot
 
 log = logging.getLogger("treadle.worker")
 
