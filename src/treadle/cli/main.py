@@ -137,6 +137,7 @@ def main() -> None:
     """Console-script entry point."""
     from treadle.cli import (  # noqa: F401  (registers the commands)
         backfills,
+        bench,
         dags,
         database,
         datasets,

@@ -26,6 +26,13 @@ def _queues(raw: str) -> list[str]:
     return queues
 
 
+def default_prefetch(concurrency: int) -> int:
+    """Attempts claimed ahead by default: two per slot, at least 8 and at most 32. A slot that
+    frees has its next attempt at hand, and one database round trip refills the buffer for
+    several slots; admission stays bounded (slots plus this many)."""
+    return min(max(2 * concurrency, 8), 32)
+
+
 class Signals:
     """SIGTERM/SIGINT once: stop gracefully; twice: stop at once."""
 
@@ -49,10 +56,10 @@ class Signals:
 )
 @click.option(
     "--prefetch",
-    default=0,
-    show_default=True,
+    default=None,
     type=click.IntRange(0, 256),
-    help="Attempts claimed ahead of a free slot (they wait, holding a lease).",
+    help="Attempts claimed ahead of a free slot (they wait, holding a lease, and a slot that frees "
+    "takes one at once) [default: twice the slots, at least 8, at most 32].",
 )
 @click.option("--queues", default="default", show_default=True, help="Comma-separated queues.")
 @click.option(
@@ -64,10 +71,17 @@ class Signals:
 @click.option("--log-level", default="INFO", show_default=True)
 @pass_context
 def worker_cmd(
-    ctx: Context, concurrency: int, prefetch: int, queues: str, grace_period: float | None, log_level: str
+    ctx: Context,
+    concurrency: int,
+    prefetch: int | None,
+    queues: str,
+    grace_period: float | None,
+    log_level: str,
 ) -> None:
     """Claim and run task attempts. SIGTERM drains (a second signal stops at once)."""
     configure_logging(log_level)
+    if prefetch is None:
+        prefetch = default_prefetch(concurrency)
     worker = Worker(ctx.db, ctx.settings, concurrency=concurrency, queues=_queues(queues), prefetch=prefetch)
     _run_until_signal(ctx, worker=worker, grace_s=grace_period)
 
@@ -97,7 +111,13 @@ def standalone_cmd(ctx: Context, concurrency: int, log_level: str) -> None:
     click.echo(f"treadle standalone: database {db.url}, DAGs from {ctx.settings.dags_folder}", err=True)
     _run_until_signal(
         ctx,
-        worker=Worker(db, ctx.settings, concurrency=concurrency, queues=["default"]),
+        worker=Worker(
+            db,
+            ctx.settings,
+            concurrency=concurrency,
+            queues=["default"],
+            prefetch=default_prefetch(concurrency),
+        ),
         scheduler=_scheduler(ctx, db),
     )
 

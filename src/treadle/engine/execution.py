@@ -7,7 +7,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -58,35 +58,144 @@ def claim_task_instances(
     """
     if limit <= 0:
         return []
-
-    def work(conn: Connection) -> list[ClaimedTask]:
-        rows = ti_store.claim(
+    return db.transact(
+        lambda conn: _claim_in(
+            db,
             conn,
             worker_id=worker_id,
             hostname=hostname,
             queues=queues,
             limit=limit,
             start=limit if start is None else start,
-            now=dialects.statement_clock(conn),
             lease_s=lease_s,
         )
-        if not rows:
-            return []
-        runs = _runs(db, conn, {r.run_id for r in rows})
-        wanted: list[tuple[str, str]] = []
-        for r in rows:
-            structure = version_of(db, conn, runs[r.run_id].dag_version_id).structure
-            wanted.extend((r.run_id, up) for up in structure.tasks[r.task_id].upstream)
-        results = attempt_store.get_results(conn, wanted)
-        claimed = []
-        for r in rows:
-            run = runs[r.run_id]
-            ups = version_of(db, conn, run.dag_version_id).structure.tasks[r.task_id].upstream
-            upstream = {u: results.get((r.run_id, u)) for u in ups}
-            claimed.append(attempt_of(r, run, started_at=r.started_at, upstream_results=upstream))
-        return claimed
+    )
 
-    return db.transact(work)
+
+def _claim_in(
+    db: Database,
+    conn: Connection,
+    *,
+    worker_id: str,
+    hostname: str,
+    queues: list[str],
+    limit: int,
+    start: int,
+    lease_s: float,
+    known: Mapping[tuple[str, str], Any] | None = None,
+) -> list[ClaimedTask]:
+    """The claim of `claim_task_instances`, inside the caller's transaction (`known`: upstream
+    results already at hand, by (run id, task id))."""
+    known = known or {}
+    if limit <= 0:
+        return []
+    rows = ti_store.claim(
+        conn,
+        worker_id=worker_id,
+        hostname=hostname,
+        queues=queues,
+        limit=limit,
+        start=start,
+        now=dialects.statement_clock(conn),
+        lease_s=lease_s,
+    )
+    if not rows:
+        return []
+    runs = _runs(db, conn, {r.run_id for r in rows})
+    wanted: list[tuple[str, str]] = []
+    for r in rows:
+        structure = version_of(db, conn, runs[r.run_id].dag_version_id).structure
+        wanted.extend((r.run_id, up) for up in structure.tasks[r.task_id].upstream)
+    missing = [w for w in wanted if w not in known]
+    results = {**(attempt_store.get_results(conn, missing) if missing else {}), **known}
+    claimed = []
+    for r in rows:
+        run = runs[r.run_id]
+        ups = version_of(db, conn, run.dag_version_id).structure.tasks[r.task_id].upstream
+        upstream = {u: results.get((r.run_id, u)) for u in ups}
+        claimed.append(attempt_of(r, run, started_at=r.started_at, upstream_results=upstream))
+    return claimed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cycle:
+    """What one round trip of a worker's dispatch loop did (see `work_cycle`)."""
+
+    #: How each success was taken, in the order given.
+    endings: list[Ending]
+    #: Each buffered attempt asked to start, with its start time, or None if it must not run.
+    started: list[ClaimedTask | None]
+    #: Newly claimed attempts; the first `claim_start` of them are started.
+    claimed: list[ClaimedTask]
+
+
+def work_cycle(
+    db: Database,
+    *,
+    successes: Sequence[Success],
+    start: Sequence[ClaimedTask],
+    claim_limit: int,
+    claim_start: int,
+    worker_id: str,
+    hostname: str,
+    queues: list[str],
+    lease_s: float,
+    attempts: int = 8,
+) -> Cycle:
+    """One transaction of the worker's hot path: start buffered attempts for idle slots, record
+    its slots' successes, and claim more, in that order.
+
+    Recording before claiming lets the claim take what the successes just readied (the next
+    task of a chain goes out in the same transaction that recorded its upstream). Each part is
+    fenced as on its own (`start_claimed`, `complete_attempts`, `claim_task_instances`). Lock
+    order stays task instances, then runs: the starts lock only this worker's rows, and the
+    claim skips locked rows, never waiting on one.
+    """
+
+    def work(conn: Connection) -> Cycle:
+        started = _start_in(conn, start, worker_id=worker_id)
+        # An attempt can finish before its start is recorded (a slot ran it straight from the
+        # buffer): its attempt row takes the start time just written.
+        begun = {(t.task_instance_id, t.attempt): t for t in started if t is not None}
+        items = [
+            (begun.get((t.task_instance_id, t.attempt), t) if t.started_at is None else t, v, o)
+            for t, v, o in (_unpack(d) for d in successes)
+        ]
+        done = _complete_in(db, conn, items, worker_id=worker_id, hostname=hostname, defer_notify=True)
+        claimed = _claim_in(
+            db,
+            conn,
+            worker_id=worker_id,
+            hostname=hostname,
+            queues=queues,
+            limit=claim_limit,
+            start=claim_start,
+            lease_s=lease_s,
+            known=done.values,
+        )
+        # Other workers hear of readied work only if some may be left for them: a claim that came
+        # back short took (or could not admit) everything queued that this transaction could see
+        # in the queues it serves.
+        if done.readied_queues and (len(claimed) >= claim_limit or not done.readied_queues <= set(queues)):
+            dialects.notify_ready(conn)
+        return Cycle(endings=done.endings, started=started, claimed=claimed)
+
+    return db.transact(work, attempts=attempts)
+
+
+def _start_in(conn: Connection, tasks: Sequence[ClaimedTask], *, worker_id: str) -> list[ClaimedTask | None]:
+    if not tasks:
+        return []
+    begun = ti_store.start_claimed_many(
+        conn,
+        held=[(t.task_instance_id, t.attempt) for t in tasks],
+        worker_id=worker_id,
+        now=dialects.statement_clock(conn),
+    )
+    return [
+        None if (at := begun.get((t.task_instance_id, t.attempt))) is None else replace(t, started_at=at)
+        for t in tasks
+    ]
 
 
 def start_claimed(db: Database, task: ClaimedTask, *, worker_id: str) -> ClaimedTask | None:
@@ -175,41 +284,70 @@ def complete_attempts(
     if not done:
         return []
     items = [_unpack(d) for d in done]
+    return db.transact(
+        lambda conn: _complete_in(db, conn, items, worker_id=worker_id, hostname=hostname).endings
+    )
 
-    def work(conn: Connection) -> list[Ending]:
-        now = dialects.statement_clock(conn)
-        ended = ti_store.end_running_many(
-            conn,
-            held=[(t.task_instance_id, t.attempt) for t, _, _ in items],
-            new_state=TaskState.SUCCESS,
-            worker_id=worker_id,
-            now=now,
-        )
-        applied = []
-        for task, value, outlet_events in items:
-            ended_at = ended.get((task.task_instance_id, task.attempt))
-            if ended_at is None:
-                _discard(conn, task, "success")
-            else:
-                applied.append(
-                    _Applied(task=task, value=value, outlet_events=outlet_events, ended_at=ended_at)
-                )
-        events = _record_successes(db, conn, applied, worker_id=worker_id, hostname=hostname)
-        increments, touched = _downstream_effects(db, conn, applied)
-        readied = (
-            ti_store.count_upstream_successes(conn, increments=increments, now=now) if increments else set()
-        )
-        if readied:
-            dialects.notify_ready(conn)
-        # A run where this readied something is active; any other may have just ended (a leaf,
-        # or a fan-in whose other branch failed).
-        for run_id in sorted(touched - readied):
-            close_run_if_done(conn, run_id)
-        # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
-        record_outlet_events(conn, events)
-        return [Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _ in items]
 
-    return db.transact(work)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Completed:
+    endings: list[Ending]
+    #: Queues of the downstream task instances that became ready (the NOTIFY is the caller's if
+    #: deferred).
+    readied_queues: frozenset[str] = frozenset()
+    #: The results just stored, by (run id, task id): a claim in the same transaction reads them
+    #: from here instead of the table.
+    values: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+
+def _complete_in(
+    db: Database,
+    conn: Connection,
+    items: list[tuple[ClaimedTask, Any, Mapping[str, OutletEvent]]],
+    *,
+    worker_id: str,
+    hostname: str,
+    defer_notify: bool = False,
+) -> _Completed:
+    """The body of `complete_attempts`, inside the caller's transaction."""
+    if not items:
+        return _Completed(endings=[])
+    now = dialects.statement_clock(conn)
+    ended = ti_store.end_running_many(
+        conn,
+        held=[(t.task_instance_id, t.attempt) for t, _, _ in items],
+        new_state=TaskState.SUCCESS,
+        worker_id=worker_id,
+        now=now,
+    )
+    applied = []
+    for task, value, outlet_events in items:
+        ended_at = ended.get((task.task_instance_id, task.attempt))
+        if ended_at is None:
+            _discard(conn, task, "success")
+        else:
+            applied.append(_Applied(task=task, value=value, outlet_events=outlet_events, ended_at=ended_at))
+    events = _record_successes(db, conn, applied, worker_id=worker_id, hostname=hostname)
+    increments, touched = _downstream_effects(db, conn, applied)
+    readied_queues: set[str] = set()
+    readied = (
+        ti_store.count_upstream_successes(conn, increments=increments, now=now, queues=readied_queues)
+        if increments
+        else set()
+    )
+    if readied and not defer_notify:
+        dialects.notify_ready(conn)
+    # A run where this readied something is active; any other may have just ended (a leaf,
+    # or a fan-in whose other branch failed).
+    for run_id in sorted(touched - readied):
+        close_run_if_done(conn, run_id)
+    # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
+    record_outlet_events(conn, events)
+    return _Completed(
+        endings=[Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _ in items],
+        readied_queues=frozenset(readied_queues),
+        values={(a.task.run_id, a.task.task_id): a.value for a in applied},
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,6 +373,11 @@ def _record_successes(
                 task, outcome=AttemptOutcome.SUCCESS, now=a.ended_at, worker_id=worker_id, hostname=hostname
             )
         )
+        outlets = version_of(db, conn, task.dag_version_id).structure.tasks[task.task_id].outlets
+        if outlets:
+            events.extend(outlet_event_rows(db, conn, task, outlets, a.outlet_events, at=a.ended_at))
+        if a.value is None and task.attempt == 1:
+            continue  # nothing to store: no earlier attempt can have left a result to replace
         results.append(
             {
                 "task_instance_id": task.task_instance_id,
@@ -245,9 +388,6 @@ def _record_successes(
                 "created_at": a.ended_at,
             }
         )
-        outlets = version_of(db, conn, task.dag_version_id).structure.tasks[task.task_id].outlets
-        if outlets:
-            events.extend(outlet_event_rows(db, conn, task, outlets, a.outlet_events, at=a.ended_at))
     attempt_store.insert_attempts(conn, attempts)
     attempt_store.put_results(conn, results)
     return events

@@ -150,6 +150,29 @@ def start_claimed(
     return rows[0].started_at if rows else None
 
 
+def start_claimed_many(
+    conn: Connection, *, held: list[tuple[int, int]], worker_id: str, now: datetime | None
+) -> dict[tuple[int, int], datetime]:
+    """`start_claimed` for several buffered attempts in one statement; returns the start time of
+    each (id, attempt) pair that this worker still held unstarted (the others must not run)."""
+    if not held:
+        return {}
+    at = stamp(now)
+    stmt = (
+        sa.update(ti)
+        .where(
+            ti.c.id.in_(sorted({i for i, _ in held})),
+            sa.tuple_(ti.c.id, ti.c.attempt).in_(held),
+            ti.c.worker_id == worker_id,
+            ti.c.state == TaskState.RUNNING.value,
+            ti.c.started_at.is_(None),
+        )
+        .values(started_at=at, timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s))
+    )
+    rows = dialects.update_returning(conn, stmt, (ti.c.id, ti.c.attempt, ti.c.started_at), key=ti.c.id)
+    return {(r.id, r.attempt): r.started_at for r in rows}
+
+
 def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclusions) -> list[Candidate]:
     source, dag_limit = dialects.claim_lookup(
         conn, ti, dags.c.max_active_tasks, on=dags.c.dag_id == ti.c.dag_id
@@ -366,7 +389,11 @@ def end_running_many(
 
 
 def count_upstream_successes(
-    conn: Connection, *, increments: Mapping[tuple[str, str], int], now: datetime | None
+    conn: Connection,
+    *,
+    increments: Mapping[tuple[str, str], int],
+    now: datetime | None,
+    queues: set[str] | None = None,
 ) -> set[str]:
     """Add succeeded upstreams to downstream counters and queue the rows that became ready.
 
@@ -374,7 +401,7 @@ def count_upstream_successes(
     Counter and state move in the same UPDATE (SET expressions read the row's old values), so
     a fan-in row is queued exactly by the completion that fills its counter; concurrent
     completions serialise on the row lock and re-read it. Returns the runs in which a row was
-    queued.
+    queued; `queues`, if given, collects the queues of the rows queued.
     MySQL evaluates SET left to right, each seeing the columns already assigned, so the SET
     order is fixed: columns that read `state` and `upstream_done` come before those two.
     """
@@ -401,9 +428,12 @@ def count_upstream_successes(
                 (ti.c.upstream_done, ti.c.upstream_done + n),
             )
         )
-        rows = dialects.update_returning(conn, stmt, (ti.c.state,), key=ti.c.id)
-        if any(r.state == TaskState.QUEUED.value for r in rows):
-            queued.add(run_id)
+        rows = dialects.update_returning(conn, stmt, (ti.c.state, ti.c.queue), key=ti.c.id)
+        for r in rows:
+            if r.state == TaskState.QUEUED.value:
+                queued.add(run_id)
+                if queues is not None:
+                    queues.add(r.queue)
     return queued
 
 

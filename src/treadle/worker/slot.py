@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.domain.dag_version import DagVersion
@@ -33,6 +33,10 @@ class Running:
     in_child: bool = False
     #: Set when this worker revoked it itself, this many seconds after its last renewal.
     fenced_after_s: float | None = None
+    #: Set once the database recorded the start. An attempt taken from the worker's buffer the
+    #: moment the slot freed runs before that (its start is confirmed by the worker's next pass,
+    #: and it is killed if the database refuses); its failure is written only after.
+    confirmed: threading.Event = field(default_factory=threading.Event)
 
 
 class Slot(threading.Thread):
@@ -49,7 +53,8 @@ class Slot(threading.Thread):
         version: Callable[[int], DagVersion],
         on_idle: Callable[[Slot], None],
         on_fenced: Callable[[ClaimedTask, float], None] | None = None,
-        complete: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent]], Ending] | None = None,
+        take_next: Callable[[], ClaimedTask | None] | None = None,
+        submit: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent]], None] | None = None,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
         self.db, self.worker_id, self.hostname = db, worker_id, hostname
@@ -57,9 +62,13 @@ class Slot(threading.Thread):
         self.on_idle = on_idle
         #: Hears of an attempt this worker stopped by self-fencing before it finished.
         self.on_fenced = on_fenced
-        #: Records a success with its outlet annotations (the worker's shared Completer); by
-        #: default in its own transaction.
-        self.complete = complete or self._complete_alone
+        #: Gives the slot its next attempt at once when one waits in the worker's buffer (its
+        #: start confirmed later, see `Running.confirmed`); None: the slot goes idle.
+        self.take_next = take_next or (lambda: None)
+        #: Hands a success with its outlet annotations to the worker, which records it with its
+        #: next pass; the slot is free at once. By default it is recorded here, in its own
+        #: transaction, before the slot takes another attempt.
+        self.submit = submit or self._complete_alone
         self.child = ChildProcess(imports)
         self.running: Running | None = None
         self._assigned = threading.Event()
@@ -68,9 +77,24 @@ class Slot(threading.Thread):
         self._holding = threading.Event()
 
     def assign(self, task: ClaimedTask) -> None:
-        """Give this idle slot an attempt to run."""
-        self.running = Running(task=task)
+        """Give this idle slot an attempt to run (its start already recorded)."""
+        running = Running(task=task)
+        running.confirmed.set()
+        self.running = running
         self._assigned.set()
+
+    def confirm(self, started: ClaimedTask) -> bool:
+        """The database recorded the start of the attempt this slot took from the buffer; False
+        if the slot is not running it (any more)."""
+        current = self.running
+        if current is None or (current.task.task_instance_id, current.task.attempt) != (
+            started.task_instance_id,
+            started.attempt,
+        ):
+            return False
+        current.task = started
+        current.confirmed.set()
+        return True
 
     def revoke(
         self, task_instance_id: int, attempt: int, *, fenced_after_s: float | None = None
@@ -118,19 +142,25 @@ class Slot(threading.Thread):
             self._assigned.wait()
             self._assigned.clear()
             current = self.running
-            if current is None:
-                continue
-            try:
-                self._execute(current)
-            except Exception:  # last resort: the lease expires and the reaper records `lost`
-                log.exception("slot failed while running an attempt", extra={"event": "worker.slot_error"})
-            self.running = None
+            while current is not None:
+                try:
+                    self._execute(current)
+                except Exception:  # last resort: the lease expires and the reaper records `lost`
+                    log.exception(
+                        "slot failed while running an attempt", extra={"event": "worker.slot_error"}
+                    )
+                self.running = current = None
+                if self._stopping.is_set():
+                    break
+                task = self.take_next()
+                if task is not None:
+                    self.running = current = Running(task=task)
             if not self._stopping.is_set():
                 self.on_idle(self)
         self.child.kill()
 
     def _execute(self, current: Running) -> None:
-        task = current.task
+        task = current.task  # its start may be confirmed meanwhile: `current.task` then has it
         version = self.version(task.dag_version_id)
         definition = version.structure.tasks[task.task_id]
         message = run_message(task, version)
@@ -147,11 +177,13 @@ class Slot(threading.Thread):
                 outcome = _invalid_outlet_events(str(exc))
             else:
                 # A lost attempt's report is discarded there.
-                value = outcome.get("value")
-                self._record(task, lambda: self.complete(task, value, annotations))
+                self.submit(current.task, outcome.get("value"), annotations)
                 return
         kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
         error = to_attempt_error(outcome)
+        if not self._await_confirmation(current):
+            return  # the start was refused (revoked): the attempt is not this worker's to end
+        task = current.task
         ending = self._record(
             task,
             lambda: fail_attempt(
@@ -161,6 +193,13 @@ class Slot(threading.Thread):
         if ending is None:
             return
         self._callback(ending, definition.has_on_retry, definition.has_on_dead_letter, message, error)
+
+    def _await_confirmation(self, current: Running) -> bool:
+        """Wait until the database recorded the attempt's start; False if it was revoked."""
+        while not current.confirmed.wait(0.1):
+            if current.revoked or self._abandoned.is_set():
+                return False
+        return not current.revoked
 
     def _record(self, task: ClaimedTask, write: Callable[[], Ending]) -> Ending | None:
         """Write a finished attempt's outcome, holding it through database outages and full disks.
@@ -200,6 +239,11 @@ class Slot(threading.Thread):
             return ending
 
     def _complete_alone(
+        self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]
+    ) -> None:
+        self._record(task, lambda: self._write_success(task, value, outlet_events))
+
+    def _write_success(
         self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]
     ) -> Ending:
         return complete_attempt(

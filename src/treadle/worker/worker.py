@@ -4,6 +4,8 @@ watchdog, DAG refresh."""
 from __future__ import annotations
 
 import collections
+import dataclasses
+import itertools
 import logging
 import os
 import queue
@@ -11,7 +13,10 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from treadle.authoring.loader import folder_signature
 from treadle.config import Settings
@@ -19,24 +24,30 @@ from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.dags import SyncReport, sync_dags, version_of
+from treadle.engine.datasets import OutletEvent
 from treadle.engine.execution import (
-    claim_task_instances,
+    Cycle,
+    Success,
     extend_leases,
     fail_attempt,
     hand_back_attempts,
-    start_claimed,
+    work_cycle,
 )
 from treadle.engine.workers import record_worker, touch_worker
-from treadle.store.database import Database
+from treadle.store.database import Database, is_transient
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
 from treadle.worker.child_process import ChildImports
-from treadle.worker.completer import Completer
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import FencedAttempts, LeaseClock
 from treadle.worker.slot import Slot
 
 log = logging.getLogger("treadle.worker")
+
+#: Longest pause between two tries of a dispatch pass that could not commit (seconds).
+MAX_CYCLE_RETRY_S = 5.0
+#: Seconds a stopping worker keeps trying to record the successes it holds.
+FLUSH_ON_STOP_S = 10.0
 
 
 def sync_dag_folder(db: Database, folder: Path, *, file_limit_s: float) -> tuple[SyncReport, ParsedFolder]:
@@ -74,6 +85,21 @@ class Worker:
         self.prefetch = prefetch
         self.prefetched: collections.deque[ClaimedTask] = collections.deque()
         self._buffer_lock = threading.Lock()
+        #: Successes handed over by slots and not yet committed, by (task instance, attempt):
+        #: the slot is free at once; the dispatch loop records them with its next claim. Their
+        #: leases are renewed until then. Guarded by `_buffer_lock`.
+        self.unrecorded: dict[tuple[int, int], Success] = {}
+        #: Consecutive dispatch round trips that failed (outcomes held meanwhile).
+        self.failed_cycles = 0
+        #: Where the database notifies cancellations at once (PostgreSQL), a slot that frees
+        #: takes its next attempt from the buffer and runs it at once; the start is confirmed by
+        #: the next pass, which kills it if the database refuses (cancelled or lost meanwhile).
+        #: Elsewhere a buffered attempt runs only after its start is recorded.
+        self.start_at_once = db.supports_notify
+        #: Attempts slots took from the buffer, waiting for their start to be recorded (and
+        #: the start times recorded for those whose success is not yet). Guarded by `_buffer_lock`.
+        self.starting: dict[tuple[int, int], ClaimedTask] = {}
+        self.start_times: dict[tuple[int, int], datetime] = {}
         #: When each held attempt stops being trusted (self-fencing, F2).
         self.leases = LeaseClock(lease_s=settings.lease_s, margin_s=settings.heartbeat_s)
         self.fenced = FencedAttempts()
@@ -118,8 +144,6 @@ class Worker:
             concurrency=self.concurrency,
             prefetch=self.prefetch,
         )
-        completer = Completer(self.db, worker_id=self.worker_id, hostname=self.hostname)
-        completer.start()
         for i in range(self.concurrency):
             slot = Slot(
                 i,
@@ -135,7 +159,8 @@ class Worker:
                 version=self.version,
                 on_idle=self._slot_idle,
                 on_fenced=self._fenced_stop,
-                complete=completer.complete,
+                take_next=self._take_buffered,
+                submit=self._submit_success,
             )
             self.slots.append(slot)
             slot.start()
@@ -177,73 +202,200 @@ class Worker:
         return True
 
     def run(self) -> None:
-        """Claim and dispatch until stopped (call start() first)."""
+        """Claim and dispatch until stopped (call start() first).
+
+        Each pass is one transaction (`work_cycle`): start buffered attempts for idle slots,
+        record the successes slots handed over since the last pass, and claim up to the free
+        capacity. Slots never wait for their success to commit; a pass takes whatever piled up
+        meanwhile, so under load the work of several slots shares each round trip.
+        """
+        hungry = True  # whether a claim may find work (cleared when one came back short)
+        delay = 0.25
         while not self.stopping.is_set():
-            self._dispatch_prefetched()
-            claimed = []
-            # Bounded admission: never more than `concurrency` running plus `prefetch` waiting.
+            with self._buffer_lock:
+                successes = [self._with_start_time(s) for s in self.unrecorded.values()]
+                buffered = len(self.prefetched)
+                taken = list(self.starting.values())
             idle = self.idle.qsize()
-            want = idle + self.prefetch - len(self.prefetched)
-            if want > 0:
-                claimed = self._claim(limit=want, start=idle)
-            for task in claimed:
-                if task.started_at is not None:  # started by the claim: at most `idle` of them
-                    self.idle.get().assign(task)
-                else:
-                    with self._buffer_lock:
-                        self.prefetched.append(task)
-            self._dispatch_prefetched()
-            if not claimed or len(claimed) < want:
+            starts = min(idle, buffered)
+            # Bounded admission: never more than `concurrency` running plus `prefetch` waiting.
+            want = (idle - starts) + max(self.prefetch - (buffered - starts), 0) if hungry else 0
+            if not successes and not starts and not want and not taken:
                 self.wake.wait(self.poll_s)
                 self.wake.clear()
-
-    def _claim(self, *, limit: int, start: int) -> list[ClaimedTask]:
-        sent = time.monotonic()
-        try:
-            claimed = claim_task_instances(
-                self.db,
-                worker_id=self.worker_id,
-                hostname=self.hostname,
-                queues=self.queues,
-                limit=limit,
-                start=start,
-                lease_s=self.settings.lease_s,
-            )
-        except Exception:
-            log.exception("claim failed", extra={"event": "worker.claim_error"})
-            self.stopping.wait(1.0)
-            return []
-        self.leases.granted(((t.task_instance_id, t.attempt) for t in claimed), sent_at=sent)
-        return claimed
-
-    def _dispatch_prefetched(self) -> None:
-        """Start buffered attempts in idle slots; the start re-checks ownership in the database,
-        so one that was cancelled, reaped or lost while it waited never runs."""
-        # Only this thread takes idle slots, so a non-empty queue cannot empty under us.
-        while not self.idle.empty():
+                hungry = True
+                continue
             with self._buffer_lock:
-                if not self.prefetched:
-                    return
-                task = self.prefetched.popleft()
+                to_start = list(itertools.islice(self.prefetched, starts))
             try:
-                started = start_claimed(self.db, task, worker_id=self.worker_id)
-            except Exception:
-                log.exception("could not start a buffered attempt", extra={"event": "worker.start_error"})
-                with self._buffer_lock:
-                    self.prefetched.appendleft(task)
-                return
-            if started is None:
-                self.leases.forget((task.task_instance_id, task.attempt))
+                cycle = self._cycle(
+                    successes, to_start=to_start, taken=taken, want=want, start_new=idle - starts
+                )
+            except Exception as exc:
+                self._cycle_failed(exc, successes)
+                self.stopping.wait(delay)
+                delay = min(delay * 2, MAX_CYCLE_RETRY_S)
+                continue
+            delay = 0.25
+            self._apply(cycle, successes, to_start, taken)
+            hungry = len(cycle.claimed) >= want > 0 or bool(successes)
+
+    def _cycle(
+        self,
+        successes: list[Success],
+        *,
+        to_start: list[ClaimedTask],
+        want: int,
+        start_new: int,
+        taken: list[ClaimedTask] | None = None,
+    ) -> Cycle:
+        sent = time.monotonic()
+        cycle = work_cycle(
+            self.db,
+            successes=successes,
+            start=to_start + (taken or []),
+            claim_limit=want,
+            claim_start=start_new,
+            worker_id=self.worker_id,
+            hostname=self.hostname,
+            queues=self.queues,
+            lease_s=self.settings.lease_s,
+            attempts=2,  # this loop is the retry, with backoff, holding what it has
+        )
+        self.leases.granted(((t.task_instance_id, t.attempt) for t in cycle.claimed), sent_at=sent)
+        return cycle
+
+    def _apply(
+        self,
+        cycle: Cycle,
+        successes: list[Success],
+        to_start: list[ClaimedTask],
+        taken: list[ClaimedTask] | None = None,
+    ) -> None:
+        """Hand what a committed pass started to idle slots, buffer the rest, forget the recorded.
+
+        A buffered attempt revoked while the pass was in flight (no longer in the buffer) is not
+        run even if the pass started it: the revocation already dealt with it.
+        """
+        taken = taken or []
+        confirmed = cycle.started[len(to_start) :]
+        with self._buffer_lock:
+            for item in successes:
+                pair = (item[0].task_instance_id, item[0].attempt)
+                self.unrecorded.pop(pair, None)
+                self.start_times.pop(pair, None)
+            for took, started in zip(taken, confirmed, strict=True):
+                pair = (took.task_instance_id, took.attempt)
+                self.starting.pop(pair, None)
+                if started is not None and pair in self.unrecorded:  # finished before confirmed
+                    assert started.started_at is not None
+                    self.start_times[pair] = started.started_at
+            still = {(t.task_instance_id, t.attempt) for t in self.prefetched}
+            asked = {(t.task_instance_id, t.attempt) for t in to_start}
+            self.prefetched = collections.deque(
+                t for t in self.prefetched if (t.task_instance_id, t.attempt) not in asked
+            )
+        if self.failed_cycles:
+            log.info(
+                "held outcomes recorded", extra={"event": "worker.outcome_recorded", "count": len(successes)}
+            )
+            self.failed_cycles = 0
+        for item, ending in zip(successes, cycle.endings, strict=True):
+            if ending.applied:
+                self.leases.forget((item[0].task_instance_id, item[0].attempt))
+        self._confirm(taken, confirmed)
+        for buffered, task in zip(to_start, cycle.started[: len(to_start)], strict=True):
+            if task is not None and (task.task_instance_id, task.attempt) in still:
+                self.idle.get().assign(task)
+            elif task is None:
+                self.leases.forget((buffered.task_instance_id, buffered.attempt))
                 log.info(
                     "buffered attempt no longer held; not started",
                     extra={
                         "event": "worker.buffered_dropped",
-                        "task_instance_id": task.task_instance_id,
-                        "attempt": task.attempt,
+                        "task_instance_id": buffered.task_instance_id,
+                        "attempt": buffered.attempt,
                     },
                 )
+        for task in cycle.claimed:
+            if task.started_at is not None:  # started by the claim: at most the idle slots
+                self.idle.get().assign(task)
+            else:
+                with self._buffer_lock:
+                    self.prefetched.append(task)
+
+    def _cycle_failed(self, exc: Exception, successes: list[Success]) -> None:
+        """A pass did not commit: keep every outcome (backpressure: nothing new is claimed until
+        they are recorded); a bad one among several is written alone so it cannot sink the rest."""
+        self.failed_cycles += 1
+        log.warning(
+            "cannot record outcomes or claim yet; holding them and retrying",
+            extra={
+                "event": "worker.outcome_held",
+                "held_outcomes": len(successes),
+                "failed_passes": self.failed_cycles,
+                "error": str(exc)[:300],
+            },
+        )
+        if len(successes) > 1 and not is_transient(exc):
+            for item in successes:
+                try:
+                    self._cycle([item], to_start=[], want=0, start_new=0)
+                except Exception:
+                    continue
+                with self._buffer_lock:
+                    self.unrecorded.pop((item[0].task_instance_id, item[0].attempt), None)
+
+    def _take_buffered(self) -> ClaimedTask | None:
+        """A slot freed: its next attempt from the buffer, to run at once (see `start_at_once`),
+        if the worker trusts its lease for at least another heartbeat; else None (idle)."""
+        if not self.start_at_once or self.stopping.is_set():
+            return None
+        now = time.monotonic()
+        with self._buffer_lock:
+            if not self.prefetched:
+                return None
+            task = self.prefetched[0]
+            pair = (task.task_instance_id, task.attempt)
+            deadline = self.leases.deadline(pair)
+            if deadline is None or deadline - now < self.settings.heartbeat_s:
+                return None  # the dispatch loop starts it, once the database confirms
+            self.prefetched.popleft()
+            self.starting[pair] = task
+        self.wake.set()
+        return task
+
+    def _confirm(self, taken: list[ClaimedTask], confirmed: list[ClaimedTask | None]) -> None:
+        """Tell the slots which of the attempts they took from the buffer may run on."""
+        for asked, started in zip(taken, confirmed, strict=True):
+            pair = (asked.task_instance_id, asked.attempt)
+            if started is not None and any(slot.confirm(started) for slot in self.slots):
                 continue
-            self.idle.get().assign(started)
+            if started is None:
+                self.revoke(pair, reason="start refused: the attempt is no longer this worker's")
+
+    def _with_start_time(self, item: Success) -> Success:
+        """A success whose start was confirmed after the slot handed it over, with that time."""
+        task = item[0]
+        at = self.start_times.get((task.task_instance_id, task.attempt))
+        if task.started_at is not None or at is None:
+            return item
+        return (dataclasses.replace(task, started_at=at), *item[1:])
+
+    def _submit_success(
+        self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]
+    ) -> None:
+        """A slot's attempt succeeded: the next pass records it (the slot is free at once)."""
+        with self._buffer_lock:
+            self.unrecorded[(task.task_instance_id, task.attempt)] = (task, value, outlet_events)
+        # No wake-up here: the slot next takes a buffered attempt or goes idle, and either wakes
+        # the dispatch loop, which then sees the success and the free slot in one pass.
+
+    @property
+    def holding_outcomes(self) -> int:
+        """Successes waiting to be recorded while passes fail (0 when the database takes them)."""
+        with self._buffer_lock:
+            return len(self.unrecorded) if self.failed_cycles else 0
 
     def stop(self, *, grace_s: float = 0.0, hard: threading.Event | None = None) -> int:
         """Stop claiming; give running attempts `grace_s` to finish (less if `hard` is set), then
@@ -265,6 +417,7 @@ class Worker:
             self.prefetched.clear()
         for slot in self.slots:
             slot.join(timeout=10)  # each kills its child before it ends
+        self._flush(deadline=time.monotonic() + (0 if hard.is_set() else FLUSH_ON_STOP_S))
         handed = 0
         try:
             if abandoned:
@@ -282,6 +435,32 @@ class Worker:
             extra={"event": "worker.stopped", "worker_id": self.worker_id, "handed_back": handed},
         )
         return handed
+
+    def _flush(self, *, deadline: float) -> None:
+        """Record the successes still held (the dispatch loop has stopped), until `deadline`."""
+        delay = 0.25
+        while True:
+            with self._buffer_lock:
+                successes = list(self.unrecorded.values())
+            if not successes:
+                return
+            try:
+                cycle = self._cycle(successes, to_start=[], want=0, start_new=0)
+            except Exception as exc:
+                if time.monotonic() + delay > deadline:
+                    log.error(
+                        "outcomes not recorded; the worker is stopping",
+                        extra={
+                            "event": "worker.outcome_dropped",
+                            "count": len(successes),
+                            "error": str(exc)[:300],
+                        },
+                    )
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_CYCLE_RETRY_S)
+                continue
+            self._apply(cycle, successes, [])
 
     def _slot_idle(self, slot: Slot) -> None:
         self.idle.put(slot)
@@ -307,6 +486,8 @@ class Worker:
         """The attempts this worker holds (running, then buffered) and how many are buffered."""
         held = [(r.task.task_instance_id, r.task.attempt) for r in (s.running for s in self.slots) if r]
         with self._buffer_lock:
+            held.extend(self.unrecorded)  # finished, not yet recorded: still ours until then
+            held.extend(p for p in self.starting if p not in held)
             waiting = [(t.task_instance_id, t.attempt) for t in self.prefetched]
         return held + waiting, len(waiting)
 
@@ -328,7 +509,7 @@ class Worker:
             for pair in set(held) - renewed:  # cancelled, reaped or lost: stop it, start nothing
                 self.revoke(pair, reason="lease no longer held")
             self._record_fenced()
-        held_outcomes = sum(slot.holding_outcome for slot in self.slots)
+        held_outcomes = sum(slot.holding_outcome for slot in self.slots) + self.holding_outcomes
         if held_outcomes:
             # Backpressure: those slots claim nothing until the database takes their outcomes.
             log.warning(
