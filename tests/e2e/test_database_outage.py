@@ -104,7 +104,13 @@ def test_an_outage_longer_than_the_lease_reruns_only_unfinished_attempts(
     logs = c.log("w1") + c.log("w2")
     if fault != "stall":
         assert "worker.outcome_held" in logs and "worker.outcome_recorded" in logs, ended_during
-    assert "self-fenced" in logs  # running attempts were stopped before their leases expired
+    # Attempts still running when their workers stopped trusting their leases were killed then
+    # (a start without an end) and ran again; short ones finished first and kept their outcomes.
+    killed = {(t, a) for what, t, a in seen if what == "start"} - {
+        (t, a) for what, t, a in seen if what == "end"
+    }
+    if killed:
+        assert "self-fenced" in logs, killed
     assert "scheduler.deadlines_held" in c.log("scheduler")
 
 

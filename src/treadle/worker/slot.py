@@ -53,7 +53,7 @@ class Slot(threading.Thread):
         version: Callable[[int], DagVersion],
         on_idle: Callable[[Slot], None],
         on_fenced: Callable[[ClaimedTask, float], None] | None = None,
-        take_next: Callable[[], ClaimedTask | None] | None = None,
+        take_next: Callable[[Slot], ClaimedTask | None] | None = None,
         submit: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent]], None] | None = None,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
@@ -63,8 +63,9 @@ class Slot(threading.Thread):
         #: Hears of an attempt this worker stopped by self-fencing before it finished.
         self.on_fenced = on_fenced
         #: Gives the slot its next attempt at once when one waits in the worker's buffer (its
-        #: start confirmed later, see `Running.confirmed`); None: the slot goes idle.
-        self.take_next = take_next or (lambda: None)
+        #: start confirmed later, see `Running.confirmed`), setting `running` itself, so the
+        #: confirmation cannot miss it; None: the slot goes idle.
+        self.take_next = take_next or (lambda _slot: None)
         #: Hands a success with its outlet annotations to the worker, which records it with its
         #: next pass; the slot is free at once. By default it is recorded here, in its own
         #: transaction, before the slot takes another attempt.
@@ -152,9 +153,8 @@ class Slot(threading.Thread):
                 self.running = current = None
                 if self._stopping.is_set():
                     break
-                task = self.take_next()
-                if task is not None:
-                    self.running = current = Running(task=task)
+                if self.take_next(self) is not None:  # it set `running` before anyone could look
+                    current = self.running
             if not self._stopping.is_set():
                 self.on_idle(self)
         self.child.kill()

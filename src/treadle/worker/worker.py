@@ -40,7 +40,7 @@ from treadle.store.notifications import listen
 from treadle.worker.child_process import ChildImports
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import FencedAttempts, LeaseClock
-from treadle.worker.slot import Slot
+from treadle.worker.slot import Running, Slot
 
 log = logging.getLogger("treadle.worker")
 
@@ -99,6 +99,8 @@ class Worker:
         #: Attempts slots took from the buffer, waiting for their start to be recorded (and
         #: the start times recorded for those whose success is not yet). Guarded by `_buffer_lock`.
         self.starting: dict[tuple[int, int], ClaimedTask] = {}
+        #: Buffered attempts the pass in flight is starting for idle slots (slots take others).
+        self.reserved: set[tuple[int, int]] = set()
         self.start_times: dict[tuple[int, int], datetime] = {}
         #: When each held attempt stops being trusted (self-fencing, F2).
         self.leases = LeaseClock(lease_s=settings.lease_s, margin_s=settings.heartbeat_s)
@@ -227,11 +229,15 @@ class Worker:
                 continue
             with self._buffer_lock:
                 to_start = list(itertools.islice(self.prefetched, starts))
+                # Reserved for this pass: a slot that frees meanwhile takes another one.
+                self.reserved = {(t.task_instance_id, t.attempt) for t in to_start}
             try:
                 cycle = self._cycle(
                     successes, to_start=to_start, taken=taken, want=want, start_new=idle - starts
                 )
             except Exception as exc:
+                with self._buffer_lock:
+                    self.reserved = set()
                 self._cycle_failed(exc, successes)
                 self.stopping.wait(delay)
                 delay = min(delay * 2, MAX_CYCLE_RETRY_S)
@@ -287,14 +293,16 @@ class Worker:
             for took, started in zip(taken, confirmed, strict=True):
                 pair = (took.task_instance_id, took.attempt)
                 self.starting.pop(pair, None)
-                if started is not None and pair in self.unrecorded:  # finished before confirmed
-                    assert started.started_at is not None
+                if started is not None and started.started_at is not None:
+                    # Kept until its success is recorded: the slot may hand the success over
+                    # before it hears of the confirmation.
                     self.start_times[pair] = started.started_at
             still = {(t.task_instance_id, t.attempt) for t in self.prefetched}
             asked = {(t.task_instance_id, t.attempt) for t in to_start}
             self.prefetched = collections.deque(
                 t for t in self.prefetched if (t.task_instance_id, t.attempt) not in asked
             )
+            self.reserved = set()
         if self.failed_cycles:
             log.info(
                 "held outcomes recorded", extra={"event": "worker.outcome_recorded", "count": len(successes)}
@@ -304,6 +312,7 @@ class Worker:
             if ending.applied:
                 self.leases.forget((item[0].task_instance_id, item[0].attempt))
         self._confirm(taken, confirmed)
+        self._forget_start_times()
         for buffered, task in zip(to_start, cycle.started[: len(to_start)], strict=True):
             if task is not None and (task.task_instance_id, task.attempt) in still:
                 self.idle.get().assign(task)
@@ -346,22 +355,25 @@ class Worker:
                 with self._buffer_lock:
                     self.unrecorded.pop((item[0].task_instance_id, item[0].attempt), None)
 
-    def _take_buffered(self) -> ClaimedTask | None:
+    def _take_buffered(self, slot: Slot) -> ClaimedTask | None:
         """A slot freed: its next attempt from the buffer, to run at once (see `start_at_once`),
         if the worker trusts its lease for at least another heartbeat; else None (idle)."""
         if not self.start_at_once or self.stopping.is_set():
             return None
         now = time.monotonic()
         with self._buffer_lock:
-            if not self.prefetched:
+            task = next(
+                (t for t in self.prefetched if (t.task_instance_id, t.attempt) not in self.reserved), None
+            )
+            if task is None:
                 return None
-            task = self.prefetched[0]
             pair = (task.task_instance_id, task.attempt)
             deadline = self.leases.deadline(pair)
             if deadline is None or deadline - now < self.settings.heartbeat_s:
                 return None  # the dispatch loop starts it, once the database confirms
-            self.prefetched.popleft()
+            self.prefetched.remove(task)
             self.starting[pair] = task
+            slot.running = Running(task=task)
         self.wake.set()
         return task
 
@@ -373,6 +385,13 @@ class Worker:
                 continue
             if started is None:
                 self.revoke(pair, reason="start refused: the attempt is no longer this worker's")
+
+    def _forget_start_times(self) -> None:
+        """Drop the start times of attempts that ended without a success to record."""
+        running = {(r.task.task_instance_id, r.task.attempt) for r in (s.running for s in self.slots) if r}
+        with self._buffer_lock:
+            for pair in [p for p in self.start_times if p not in self.unrecorded and p not in running]:
+                self.start_times.pop(pair, None)
 
     def _with_start_time(self, item: Success) -> Success:
         """A success whose start was confirmed after the slot handed it over, with that time."""
