@@ -4,10 +4,11 @@ The same guarantees as test_database_outage.py gives on PostgreSQL, on a private
 (its own data folder and port; the shared one is never touched):
 
 * a clean restart that takes less than the lease starts no attempt twice and loses none;
-* the server killed with SIGKILL for several leases: workers keep the outcomes of attempts
-  that finished meanwhile and record them once the server is back, attempts still running
-  when the workers stopped trusting their leases are killed and run again, the scheduler
-  holds its deadlines one lease after the outage, and every treadle process stays up.
+* the server killed with SIGKILL, or frozen whole with SIGSTOP, for several leases: workers
+  keep the outcomes of attempts that finished meanwhile and record them once the server is
+  back, attempts still running when the workers stopped trusting their leases are killed and
+  run again, the scheduler holds its deadlines one lease after the outage, and every treadle
+  process stays up.
 
 Every task writes one line when it starts and one when it ends (tests/helpers/outage.py).
 """
@@ -78,20 +79,19 @@ def test_a_restart_shorter_than_the_lease_starts_no_attempt_twice(
     assert not [a for a in detail.attempts if a.outcome == "lost"]
 
 
-def test_a_kill_longer_than_the_lease_reruns_only_unfinished_attempts(
-    private_mariadb: PrivateMariaDB, cluster: Callable[..., Cluster]
+@pytest.mark.parametrize("fault", ["kill-9", "stall"])
+def test_an_outage_longer_than_the_lease_reruns_only_unfinished_attempts(
+    private_mariadb: PrivateMariaDB, cluster: Callable[..., Cluster], fault: str
 ) -> None:
     c = _start_cluster(private_mariadb, cluster, TASKS, **SHORT_LEASE)  # lease 3 s, heartbeat 1 s
     effects = c.root / "effects.log"
     run_id = c.trigger("outage")
     wait_for(lambda: ended(effects) >= 40, timeout=90, message="progress")
 
-    private_mariadb.kill()  # SIGKILL, reaped: every connection is gone, new ones are refused
     ended_before = ended(effects)
-    took = wait_out(OUTAGE_S)
+    took = _outage(private_mariadb, fault)
     ended_during = ended(effects) - ended_before
-    private_mariadb.start()  # InnoDB crash recovery, same port
-    c.db.dispose()
+    c.db.dispose()  # the test's own pool holds connections the outage broke
 
     detail = c.wait_run(run_id, timeout=150)
     assert detail.run.state == "success", {t.task_id: t.state for t in detail.task_instances}
@@ -102,9 +102,24 @@ def test_a_kill_longer_than_the_lease_reruns_only_unfinished_attempts(
     assert set(ends) == {f"t{n}" for n in range(TASKS)}
     twice = {t: n for t, n in ends.items() if n > 1}
     assert not twice, f"finished work ran again after the outage: {twice}"
-    # Finished outcomes were held through the outage and recorded afterwards.
+    # Finished outcomes were held through the outage and recorded afterwards (in a stall the
+    # write just waits, unanswered, and goes through on resume).
     logs = c.log("w1") + c.log("w2")
-    why = f"{ended_during} attempts ended during the {took:.1f} s outage"
-    assert "worker.outcome_held" in logs and "worker.outcome_recorded" in logs, why
+    if fault != "stall":
+        why = f"{ended_during} attempts ended during the {took:.1f} s outage"
+        assert "worker.outcome_held" in logs and "worker.outcome_recorded" in logs, why
     assert "self-fenced" in logs  # running attempts were stopped before their leases expired
     assert "scheduler.deadlines_held" in c.log("scheduler")
+
+
+def _outage(server: PrivateMariaDB, fault: str) -> float:
+    """Take the server away for OUTAGE_S by `fault`, then bring it back; returns the seconds."""
+    if fault == "stall":
+        server.stall()  # every thread frozen: calls in flight get no answer, nothing errors
+        took = wait_out(OUTAGE_S)
+        server.resume()
+        return took
+    server.kill()  # SIGKILL, reaped: every connection is gone, new ones are refused
+    took = wait_out(OUTAGE_S)
+    server.start()  # InnoDB crash recovery, same port and data
+    return took

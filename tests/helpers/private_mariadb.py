@@ -210,6 +210,15 @@ class PrivateMariaDB:
         self.stop("immediate")
         return pid
 
+    def stall(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and unanswered, the kernel still
+        queues new ones until its accept queue is full."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a stalled server go on."""
+        os.kill(self.pid, signal.SIGCONT)
+
     def restart(self, mode: str = "fast") -> None:
         """Stop the server and start it again on the same port."""
         self.stop(mode)
