@@ -101,7 +101,12 @@ def test_an_outage_longer_than_the_lease_reruns_only_unfinished_attempts(
     ends = collections.Counter(task_id for what, task_id, _ in seen if what == "end")
     assert set(ends) == {f"t{n}" for n in range(TASKS)}
     twice = {t: n for t, n in ends.items() if n > 1}
-    assert not twice, f"finished work ran again after the outage: {twice}"
+    how = [
+        f"{a.task_id}#{a.attempt} {a.outcome}: {a.error_message}"
+        for a in detail.attempts
+        if a.task_id in twice
+    ]
+    assert not twice, f"finished work ran again after the outage: {twice}\n" + "\n".join(how)
     # Finished outcomes were held through the outage and recorded afterwards (in a stall the
     # write just waits, unanswered, and goes through on resume).
     logs = c.log("w1") + c.log("w2")
