@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import collections
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import SHORT_LEASE, Cluster
+from tests.helpers.outage import EFFECT_DAG, read_effects, wait_out
 from tests.helpers.private_pg import PrivatePostgres
 from tests.helpers.wait import wait_for
 
@@ -27,37 +27,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(280)]
 
 TASKS = 240
 OUTAGE_S = 10.0  # more than three leases, and more than the store's own retries (~7 s)
-
-EFFECT_DAG = """
-    from __future__ import annotations
-
-    import os
-    import random
-    import time
-
-    from treadle import TaskContext, dag, task
-
-    EFFECTS = __EFFECTS__
-
-
-    def note(what: str, context: TaskContext) -> None:
-        fd = os.open(EFFECTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, f"{what} {context.task_id} {context.attempt}\\n".encode())
-        os.close(fd)
-
-
-    def work(context: TaskContext) -> int:
-        note("start", context)
-        time.sleep(random.uniform(0.05, 0.4))
-        note("end", context)
-        return context.attempt
-
-
-    @dag(dag_id="outage")
-    def outage() -> None:
-        for n in range(__TASKS__):
-            task(task_id=f"t{n}", retries=3, retry_delay=0)(work)()
-"""
 
 
 @pytest.fixture
@@ -67,11 +36,6 @@ def private_pg() -> Iterator[PrivatePostgres]:
     server = PrivatePostgres()
     yield server
     server.close()
-
-
-def _effects(path: Path) -> list[tuple[str, str, int]]:
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [(what, task_id, int(attempt)) for what, task_id, attempt in (line.split() for line in lines)]
 
 
 @pytest.mark.parametrize("fault", ["immediate-stop", "kill-9", "stall"])
@@ -85,7 +49,7 @@ def test_an_outage_longer_than_the_lease_reruns_only_unfinished_attempts(
     assert c.cli("dags", "sync").returncode == 0
     procs = [c.start("scheduler", "scheduler"), c.worker("w1", concurrency=4), c.worker("w2", concurrency=4)]
     run_id = c.trigger("outage")
-    wait_for(lambda: sum(e[0] == "end" for e in _effects(effects)) >= 40, timeout=90, message="progress")
+    wait_for(lambda: sum(e[0] == "end" for e in read_effects(effects)) >= 40, timeout=90, message="progress")
 
     ended_during = _outage(private_pg, fault)
     c.db.dispose()  # the test's own pool holds connections the outage broke
@@ -94,7 +58,7 @@ def test_an_outage_longer_than_the_lease_reruns_only_unfinished_attempts(
     assert detail.run.state == "success", {t.task_id: t.state for t in detail.task_instances}
     assert all(p.poll() is None for p in procs), "a process exited during the outage"
 
-    seen = _effects(effects)
+    seen = read_effects(effects)
     ends = collections.Counter(task_id for what, task_id, _ in seen if what == "end")
     assert set(ends) == {f"t{n}" for n in range(TASKS)}
     twice = {t: n for t, n in ends.items() if n > 1}
@@ -118,7 +82,7 @@ def _outage(server: PrivatePostgres, fault: str) -> float:
     """Take the server away for OUTAGE_S by `fault`, then bring it back; returns the seconds."""
     if fault == "stall":
         frozen = server.stall()
-        took = _wait_out(OUTAGE_S)
+        took = wait_out(OUTAGE_S)
         server.resume(frozen)
         return took
     if fault == "kill-9":
@@ -126,16 +90,9 @@ def _outage(server: PrivatePostgres, fault: str) -> float:
         wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in gone), timeout=30, message="exit")
     else:
         server.stop("immediate")
-    took = _wait_out(OUTAGE_S)
+    took = wait_out(OUTAGE_S)
     server.start()
     return took
-
-
-def _wait_out(seconds: float) -> float:
-    """Let an outage last `seconds` (the one fixed wait here is the fault being injected)."""
-    began = time.monotonic()
-    time.sleep(seconds)
-    return time.monotonic() - began
 
 
 def test_a_restart_shorter_than_the_lease_starts_no_attempt_twice(
@@ -150,7 +107,7 @@ def test_a_restart_shorter_than_the_lease_starts_no_attempt_twice(
     assert c.cli("dags", "sync").returncode == 0
     procs = [c.start("scheduler", "scheduler"), c.worker("w1", concurrency=4), c.worker("w2", concurrency=4)]
     run_id = c.trigger("outage")
-    wait_for(lambda: sum(e[0] == "end" for e in _effects(effects)) >= 20, timeout=90, message="progress")
+    wait_for(lambda: sum(e[0] == "end" for e in read_effects(effects)) >= 20, timeout=90, message="progress")
 
     private_pg.stop("fast")
     private_pg.start()
@@ -159,6 +116,6 @@ def test_a_restart_shorter_than_the_lease_starts_no_attempt_twice(
     detail = c.wait_run(run_id, timeout=180)
     assert detail.run.state == "success", {t.task_id: t.state for t in detail.task_instances}
     assert all(p.poll() is None for p in procs), "a process exited during the restart"
-    starts = collections.Counter(task_id for what, task_id, _ in _effects(effects) if what == "start")
+    starts = collections.Counter(task_id for what, task_id, _ in read_effects(effects) if what == "start")
     assert {t: n for t, n in starts.items() if n > 1} == {}, "an attempt started twice"
     assert not [a for a in detail.attempts if a.outcome == "lost"]

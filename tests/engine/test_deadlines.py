@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 import sqlalchemy as sa
@@ -178,3 +180,60 @@ def test_a_deadline_that_passed_while_the_worker_still_heartbeated_is_a_timeout(
     assert outcomes["plain"] == ("lost", "LeaseExpired")
     assert _state(runner, run_id, "bounded") == "dead_letter"  # the overrun spent its only attempt
     assert _state(runner, run_id, "plain") == "retry_wait"  # a loss never spends the budget
+
+
+def _expired_leases(runner: DagRunner) -> bool:
+    with runner.db.read() as conn:
+        expiries = conn.execute(
+            sa.select(task_instances.c.lease_expires_at).where(task_instances.c.state == "running")
+        ).scalars()
+        now = db_now(conn)
+        return all(e is not None and e < now for e in expiries)
+
+
+def test_lease_evidence_read_across_a_stall_reaps_nothing(
+    runner: DagRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database answered only after a gap (frozen, or retried through a restart): its clock
+    ran on while no worker could renew, so leases that expired then are not judged on it."""
+    from treadle.engine import reaper
+
+    run_id = runner.trigger()
+    claim_task_instances(runner.db, worker_id="w", hostname="h", queues=["default"], limit=10, lease_s=0.3)
+    wait_for(lambda: _expired_leases(runner), timeout=10, message="both leases to lapse")
+
+    real_now = reaper.db_now
+
+    def stalled_now(conn: sa.Connection) -> datetime:
+        time.sleep(0.3)
+        return real_now(conn)
+
+    monkeypatch.setattr(reaper, "db_now", stalled_now)
+    assert reaper.reap_expired_leases(runner.db, evidence_within_s=0.1) == 0
+    assert {_state(runner, run_id, t) for t in ("bounded", "plain")} == {"running"}
+    monkeypatch.setattr(reaper, "db_now", real_now)
+    assert reaper.reap_expired_leases(runner.db, evidence_within_s=5) == 2
+
+
+def test_a_scheduler_step_that_stalled_holds_deadlines_before_it_reaps(runner: DagRunner) -> None:
+    """A stall that began earlier in the same step (firing schedules, renewing leadership)
+    holds lease expiries for a lease at once, not only after the step."""
+    from treadle.scheduler.loop import Scheduler
+
+    run_id = runner.trigger()
+    claim_task_instances(runner.db, worker_id="w", hostname="h", queues=["default"], limit=10, lease_s=0.3)
+    wait_for(lambda: _expired_leases(runner), timeout=10, message="both leases to lapse")
+    scheduler = Scheduler(runner.db, tick_s=0.1, lease_s=0.5)
+    try:
+        scheduler.step_began = time.monotonic() - 1.0  # this step waited out a stall
+        changes = scheduler.tick()
+        assert "leases_reaped" not in changes
+        assert {_state(runner, run_id, t) for t in ("bounded", "plain")} == {"running"}
+
+        scheduler.step_began = time.monotonic()
+        reaped = wait_for(
+            lambda: scheduler.tick().get("leases_reaped"), timeout=10, message="the hold to end"
+        )
+        assert reaped == 2
+    finally:
+        scheduler.fire_pool.shutdown()

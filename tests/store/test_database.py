@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pymysql
 import pytest
 import sqlalchemy as sa
@@ -33,10 +35,35 @@ def test_unknown_schemes_are_a_config_error_not_a_driver_error(url: str) -> None
         Database(url)
 
 
-@pytest.mark.parametrize(("code", "transient"), [(1213, True), (1205, True), (2013, True), (1062, False)])
+@pytest.mark.parametrize(
+    ("code", "transient"), [(1213, True), (1205, True), (2013, True), (2003, True), (1062, False)]
+)
 def test_mysql_deadlocks_and_lost_connections_are_transient(code: int, transient: bool) -> None:
     error = sa.exc.OperationalError("UPDATE ...", {}, pymysql.err.OperationalError(code, "message"))
     assert is_transient(error) is transient
+
+
+def test_a_mysql_connect_that_times_out_is_transient() -> None:
+    """A server too stalled to accept (its accept queue full) times the connect out: retried,
+    as PostgreSQL's "connection timeout expired" is, not only a refused connect."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)  # never accepted: the queue fills, further connects get no answer
+        port = listener.getsockname()[1]
+        queued = []
+        for _ in range(3):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            queued.append(s)
+        try:
+            with pytest.raises(pymysql.err.OperationalError) as caught:
+                pymysql.connect(host="127.0.0.1", port=port, user="root", connect_timeout=1)
+        finally:
+            for s in queued:
+                s.close()
+    assert "timed out" in str(caught.value)
+    assert is_transient(sa.exc.OperationalError(None, None, caught.value))
 
 
 @pytest.mark.mysql

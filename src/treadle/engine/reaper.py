@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -32,7 +33,7 @@ def promote_due_retries(db: Database) -> int:
     return db.transact(work)
 
 
-def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
+def reap_expired_leases(db: Database, *, limit: int = 200, evidence_within_s: float | None = None) -> int:
     """Record `lost` for every running attempt whose lease expired, then apply its retry policy.
 
     The evidence (lease expiry vs database time) is read first and re-checked in the guarded
@@ -40,6 +41,11 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
     judged from the last heartbeat: a deadline that passed while the worker still heartbeated
     was overrun (`timed_out`, spends a retry); otherwise the worker died first (`lost`, which
     does not spend the budget but counts towards poison).
+
+    Evidence that took longer than `evidence_within_s` to read is not used: the database
+    stalled or went away meanwhile (its retries spanned an outage), so the time it read is
+    from after a gap in which no worker could renew; nothing is reaped (the caller holds
+    deadlines for a lease, then reads again).
     """
 
     def evidence(conn: Connection) -> tuple[datetime, list[AttemptRow], dict[str, RunInfo]]:
@@ -48,7 +54,14 @@ def reap_expired_leases(db: Database, *, limit: int = 200) -> int:
         runs = run_store.runs_for_versions(conn, sorted({r.run_id for r in rows}))
         return now, rows, runs
 
+    began = time.monotonic()
     now, rows, runs = db.query(evidence)
+    if evidence_within_s is not None and time.monotonic() - began > evidence_within_s:
+        log.warning(
+            "lease evidence read across a database stall; not reaping on it",
+            extra={"event": "reaper.evidence_stale", "expired": len(rows)},
+        )
+        return 0
     reaped = 0
     for r in rows:
         task = attempt_of(r, runs[r.run_id], started_at=r.started_at)

@@ -89,16 +89,21 @@ class Scheduler:
         #: database time (leases above all) ran on while nobody could renew them, so after an
         #: outage or a stall they are applied only once workers had one lease to renew.
         self.reachable_since = float("-inf")
+        #: Monotonic start of the loop's current step (a stall inside it holds deadlines at once).
+        self.step_began = float("inf")
         self.stopping = threading.Event()
         self.fire_pool = ThreadPoolExecutor(max_workers=FIRE_PARALLEL, thread_name_prefix="treadle-fire")
 
     def tick(self) -> dict[str, int]:
         """Run one maintenance pass (deadlines, retries, runs); returns what it changed."""
         changes = {"retries_queued": promote_due_retries(self.db)}
-        if time.monotonic() - self.reachable_since >= self.lease_s:
-            changes["leases_reaped"] = reap_expired_leases(self.db)
-            changes["deadlines_enforced"] = enforce_execution_deadlines(self.db, grace_s=self.lease_s)
-            changes["dispatch_timeouts"] = expire_dispatch_deadlines(self.db, worker_stale_s=self.lease_s)
+        if self._deadlines_trusted():
+            changes["leases_reaped"] = reap_expired_leases(
+                self.db, evidence_within_s=self.lease_s * STALL_SHARE
+            )
+            if self._deadlines_trusted():
+                changes["deadlines_enforced"] = enforce_execution_deadlines(self.db, grace_s=self.lease_s)
+                changes["dispatch_timeouts"] = expire_dispatch_deadlines(self.db, worker_stale_s=self.lease_s)
         changes["runs_finished"] = finish_idle_runs(self.db)
         self.prune_step()
         return changes
@@ -224,7 +229,7 @@ class Scheduler:
         """
         failures = 0
         while not self.stopping.is_set():
-            began = time.monotonic()
+            began = self.step_began = time.monotonic()
             try:
                 delay = self.step()
                 failures = 0
@@ -238,6 +243,15 @@ class Scheduler:
             self.stopping.wait(delay)
         self.fire_pool.shutdown(wait=True)
         self.leadership.resign()
+
+    def _deadlines_trusted(self) -> bool:
+        """True once the database answered steadily for a lease, this step included: a step
+        that stalled (a call waited out a frozen or restarting server) holds deadlines now,
+        before it reaps on database time that ran on while no worker could renew."""
+        if time.monotonic() - self.step_began > self.lease_s * STALL_SHARE:
+            self._database_was_unreachable("a step stalled")
+            self.step_began = float("inf")  # held once per step
+        return time.monotonic() - self.reachable_since >= self.lease_s
 
     def _database_was_unreachable(self, why: str) -> None:
         """Hold lease and deadline enforcement for one lease from now (see `reachable_since`)."""

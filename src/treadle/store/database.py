@@ -39,8 +39,9 @@ _TRANSIENT_SQLSTATES = {
     "08004",
 }
 #: MySQL/MariaDB error numbers worth retrying: lock wait timeout, deadlock, server gone away,
-#: lost connection, connection killed (MariaDB 1927), idle client disconnected (4031).
-_TRANSIENT_MYSQL_ERRORS = {1205, 1213, 2006, 2013, 1927, 4031}
+#: lost connection, connection killed (MariaDB 1927), idle client disconnected (4031), and
+#: cannot connect (2003: refused, or timed out when a stalled server's accept queue is full).
+_TRANSIENT_MYSQL_ERRORS = {1205, 1213, 2003, 2006, 2013, 1927, 4031}
 
 
 def normalise_url(url: str) -> str:
