@@ -240,7 +240,8 @@ class Worker:
                     self.reserved = set()
                 self._cycle_failed(exc, successes)
                 self.stopping.wait(delay)
-                delay = min(delay * 2, MAX_CYCLE_RETRY_S)
+                # At least once a heartbeat: held outcomes go in soon after the database is back.
+                delay = min(delay * 2, MAX_CYCLE_RETRY_S, self.settings.heartbeat_s)
                 continue
             delay = 0.25
             self._apply(cycle, successes, to_start, taken)
