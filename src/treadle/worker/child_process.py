@@ -202,15 +202,20 @@ class ForkedProcess:
     def __init__(self, pid: int, server: ServerProcess) -> None:
         self.pid = pid
         self._server = server
+        #: Guards the pidfd: `close` may race a kill sent from another thread.
+        self._lock = threading.Lock()
         self._pidfd: int | None = None
+        self._status: int | None = None
         with contextlib.suppress(AttributeError, OSError):
             self._pidfd = os.pidfd_open(pid)  # Linux: learn of its end without being its parent
 
     @property
     def exitcode(self) -> int | None:
         """Exit code, or minus the signal that killed it; None while it runs or if unknown."""
-        with self._server.cond:
-            status = self._server.exits.get(self.pid)
+        status = self._status
+        if status is None:
+            with self._server.cond:
+                status = self._server.exits.get(self.pid)
         return None if status is None else os.waitstatus_to_exitcode(status)
 
     def is_alive(self) -> bool:
@@ -220,8 +225,10 @@ class ForkedProcess:
     def _ended(self, timeout: float) -> bool:
         if self.exitcode is not None:
             return True
-        if self._pidfd is not None:
-            return bool(select.select([self._pidfd], [], [], timeout)[0])
+        pidfd = self._pidfd
+        if pidfd is not None:
+            with contextlib.suppress(OSError, ValueError):  # closed meanwhile
+                return bool(select.select([pidfd], [], [], timeout)[0])
         return not _process_exists(self.pid)
 
     def join(self, timeout: float | None = None) -> None:
@@ -239,20 +246,23 @@ class ForkedProcess:
 
     def send_signal(self, sig: int) -> None:
         """Signal the process itself (never another process that got its pid since)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        with self._lock, contextlib.suppress(OSError):
             if self._pidfd is not None:
                 signal.pidfd_send_signal(self._pidfd, sig)
-            elif not self._ended(0):
+            elif self.exitcode is None and _process_exists(self.pid):
                 os.kill(self.pid, sig)
 
     def close(self) -> None:
-        """Release what the worker holds for it."""
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._pidfd)
-            self._pidfd = None
+        """Release what the worker holds for it (how it ended is kept)."""
+        with self._lock:
+            if self._pidfd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._pidfd)
+                self._pidfd = None
         with self._server.cond:
-            self._server.exits.pop(self.pid, None)
+            status = self._server.exits.pop(self.pid, None)
+        if status is not None:
+            self._status = status
 
 
 def _process_exists(pid: int) -> bool:
@@ -300,6 +310,9 @@ class ChildProcess:
                 mine.close()
                 self._failed_start(attempt, str(gone))
                 continue
+            except BaseException:
+                mine.close()
+                raise
             finally:
                 theirs.close()
             self._set_process(ForkedProcess(pid, server))
@@ -330,6 +343,8 @@ class ChildProcess:
         """Kill the child's process group (the task and anything it started), for good: a later
         `restart()` starts a new one."""
         self._kill_process()
+        if self._process is not None:
+            self._process.close()
         self._release()
 
     def _kill_process(self) -> None:

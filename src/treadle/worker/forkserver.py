@@ -12,6 +12,7 @@ reach it. It stays single-threaded. It talks to the worker over a Unix SEQPACKET
 message per request or event, JSON; file descriptors travel alongside with SCM_RIGHTS):
 
     worker -> server  {"folder", "max_result_bytes", "file_limit_s", "skip", "sys_path"}  (first)
+    server -> worker  {"op": "importing", "file": PATH}  (before each file it imports)
     server -> worker  {"op": "ready"}  or  {"op": "failed", "error": "..."}
     worker -> server  {"op": "fork", "id": N, "skip": [...]}  + the child's end of its pipe
     server -> worker  {"op": "forked", "id": N, "pid": PID}
