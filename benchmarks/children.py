@@ -10,11 +10,13 @@ time `ChildProcess.restart()` takes in this process on the same folder. Prints o
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
 import textwrap
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +188,25 @@ def task_processes(worker_pid: int) -> tuple[list[int], list[int]]:
     return tasks, helpers
 
 
+def startup_phases(log: Path, launched: float) -> dict[str, float]:
+    """Seconds from launching the worker (host clock) to some of its start-up log lines."""
+    wanted = {
+        "dags.synced": "dags_synced",
+        "worker.forkserver_started": "fork_server_ready",
+        "worker.started": "worker_started",
+    }
+    found: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        name = wanted.get(entry.get("event", "")) if isinstance(entry, dict) else None
+        if name is not None and name not in found:
+            found[name] = round(datetime.fromisoformat(entry["ts"]).timestamp() - launched, 3)
+    return found
+
+
 def mb(n: float) -> float:
     return round(n / 2**20, 2)
 
@@ -255,7 +276,7 @@ def main() -> None:
             cli(["db", "upgrade"], env)
             cli(["dags", "sync"], env, timeout=args.timeout)
             cli(["dags", "trigger", FANOUT_DAG, "--json"], env)  # its tasks wait for the worker
-            began = time.monotonic()
+            began, launched = time.monotonic(), time.time()
             worker = procs.start(["worker", "--concurrency", str(args.concurrency)], env, logs[0])
 
             def started() -> bool:
@@ -266,6 +287,7 @@ def main() -> None:
             to_started_s = time.monotonic() - began
             wait_for("a first claim", lambda: started_tasks(url)[0] > 0, timeout=args.timeout, every=0.01)
             to_claim_s = time.monotonic() - began
+            phases = startup_phases(logs[0], launched)
             wait_for(
                 "every task of the fan-out to succeed",
                 lambda: started_tasks(url)[1] == args.concurrency,
@@ -299,6 +321,7 @@ def main() -> None:
             "code": code,
             "worker_start_to_started_wall_s": round(to_started_s, 3),
             "worker_start_to_first_claim_wall_s": round(to_claim_s, 3),
+            "startup_phases_s": phases,
             "task_processes": len(children),
             "child_uss_mb": {
                 "min": mb(child_uss[0]) if child_uss else None,
