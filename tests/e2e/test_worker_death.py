@@ -122,9 +122,17 @@ POISON_DAG = """
     from treadle import dag, task
 
 
+    def worker_pid() -> int:
+        # The `treadle worker` above this task process (its parent is the fork server).
+        pid = os.getppid()
+        while "worker" not in open(f"/proc/{pid}/cmdline").read().split("\\0"):
+            pid = int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])
+        return pid
+
+
     @task(retries=10, retry_delay=0)
     def poison() -> None:
-        os.kill(os.getppid(), signal.SIGKILL)  # takes its worker down, every time
+        os.kill(worker_pid(), signal.SIGKILL)  # takes its worker down, every time
 
 
     @task

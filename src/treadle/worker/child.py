@@ -1,4 +1,5 @@
-"""Child process that imports DAG code once and runs task callables on request.
+"""Task process: forked by the fork server with the DAG folder imported, runs task callables
+on request.
 
 User code runs only here, so a crash, `os._exit` or segfault ends one attempt, not the worker.
 """
@@ -6,22 +7,22 @@ User code runs only here, so a crash, `os._exit` or segfault ends one attempt, n
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import fcntl
 import json
 import logging
-import multiprocessing
 import os
+import select
 import signal
-import sys
+import socket
 import tempfile
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
-from treadle.authoring.loader import load_file, load_folder
+from treadle.authoring.loader import folder_signature, load_file
 from treadle.authoring.specs import Dag
 from treadle.worker.containment import become_subreaper, kill_stray_processes
 from treadle.worker.protocol import Message, error_message, receive, send
@@ -33,22 +34,66 @@ MANIFEST_ENV = "TREADLE_MANIFEST_FILE"
 
 
 class DagCache:
-    """DAGs imported from the folder, reloaded from their file when a run's version differs."""
+    """DAGs imported from the folder, reloaded from their file when a run's version differs.
+
+    The fork server keeps one up to date with `refresh` before each fork, so its children start
+    from the current code; a child re-imports a file itself when an attempt's version differs.
+    """
 
     def __init__(
-        self, folder: Path, *, file_limit_s: float | None = None, skip: Collection[str] = ()
+        self,
+        folder: Path,
+        *,
+        file_limit_s: float | None = None,
+        skip: Collection[str] = (),
+        on_file: Callable[[str], None] | None = None,
     ) -> None:
         self.folder = folder
         self.file_limit_s = file_limit_s
         self.skip = frozenset(skip)
+        #: Hears of each file before `refresh` imports it (the fork server reports progress).
+        self.on_file = on_file
         self.dags: dict[str, Dag] = {}
         self.hashes: dict[str, str] = {}
+        #: DAGs built by each imported file, and the (mtime_ns, size) it had when imported.
+        self.by_file: dict[str, list[Dag]] = {}
+        self.stats: dict[str, tuple[int, int]] = {}
         self.reload_all()
 
     def reload_all(self) -> None:
-        """Import the whole folder."""
-        self.dags = dict(load_folder(self.folder, time_limit_s=self.file_limit_s, skip=self.skip).dags)
-        self.hashes = {k: d.structure().content_hash() for k, d in self.dags.items()}
+        """Import the whole folder (but the files in `skip`)."""
+        self.by_file, self.stats = {}, {}
+        self.refresh(self.skip)
+
+    def refresh(self, skip: Collection[str]) -> list[str]:
+        """Import again the files that changed (size or mtime) since they were imported, the new
+        ones, and those no longer in `skip`; forget removed and skipped files. Returns the files
+        imported. As load_folder: each file within the time limit, a DAG id defined twice is
+        kept from the first file (in path order)."""
+        skip = frozenset(skip)
+        current = {path: (mtime, size) for path, mtime, size in folder_signature(self.folder)}
+        if current == self.stats and skip == self.skip:
+            return []
+        imported = []
+        for path in list(self.by_file):
+            if path not in current or path in skip:
+                del self.by_file[path]
+        for path, stat in current.items():
+            if path in skip or (path in self.by_file and self.stats.get(path) == stat):
+                continue
+            if self.on_file is not None:
+                self.on_file(path)
+            self.by_file[path] = load_file(Path(path), time_limit_s=self.file_limit_s)[0]
+            imported.append(path)
+        self.stats = {p: s for p, s in current.items() if p in self.by_file}
+        self.skip = skip
+        dags: dict[str, Dag] = {}
+        for path in sorted(self.by_file):
+            for d in self.by_file[path]:
+                dags.setdefault(d.dag_id, d)
+        self.dags = dags
+        self.hashes = {k: d.structure().content_hash() for k, d in dags.items()}
+        return imported
 
     def get(self, dag_id: str, version_hash: str) -> Dag:
         """Return the DAG, re-importing its file if the code on disk changed since it was loaded."""
@@ -220,32 +265,49 @@ def call_callback(dag: Dag, msg: Message) -> Message:
     return {"ok": True}
 
 
-def _die_with_worker() -> None:
-    """Linux: when the worker dies (even by SIGKILL) the kernel sends SIGTERM, and the child kills
-    its whole group, so an attempt never runs on beside its retry elsewhere (F1)."""
+def _watch_worker(conn: socket.socket) -> None:
+    """Kill this child's whole group when the worker ends (even by SIGKILL), so an attempt never
+    runs on beside its retry elsewhere (F1).
+
+    The child's parent is the fork server, not the worker, so the parent-death signal cannot
+    say it. The pipe to the worker can: the kernel sends SIGIO when its state changes (data, or
+    the worker's end closing), and once the other end is closed (hang-up, whether or not a
+    request is still unread) the handler kills the group. An operator's SIGTERM kills the
+    group too.
+    """
+    hangup = select.POLLHUP | select.POLLRDHUP | select.POLLERR
+    watch = select.poll()
+    watch.register(conn.fileno(), hangup)
+
+    def check(_signum: int = 0, _frame: object = None) -> None:
+        if any(events & hangup for _fd, events in watch.poll(0)):
+            os.killpg(0, signal.SIGKILL)
+
     signal.signal(signal.SIGTERM, lambda _sig, _frame: os.killpg(0, signal.SIGKILL))
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    parent = multiprocessing.parent_process()
-    if parent is not None and os.getppid() != parent.pid:  # it died before the request took effect
-        os.killpg(0, signal.SIGKILL)
+    signal.signal(signal.SIGIO, check)
+    fd = conn.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_ASYNC)
+    check()  # it may have ended before the watch was set
 
 
-def child_main(
-    conn: Connection,
-    folder: str,
-    max_result_bytes: int,
-    file_limit_s: float | None = None,
-    skip: list[str] | None = None,
-) -> None:
-    """Entry point of a child: own process group, load DAGs (each file within `file_limit_s`,
-    none of `skip`), serve requests until EOF."""
+def forked_child_main(fd: int, cache: DagCache, max_result_bytes: int) -> None:
+    """Entry point of a child forked by the fork server: own session and process group,
+    subreaper, watch the worker, say "ready" on `fd` (its end of the pipe to the worker), then
+    serve requests until EOF, with the DAGs the server had imported (`cache`)."""
     os.setsid()  # a timeout kills this child's whole group, grandchildren included
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_worker()
+    os.set_inheritable(fd, False)
     become_subreaper()
-    cache = DagCache(Path(folder), file_limit_s=file_limit_s, skip=skip or ())
+    watched = socket.socket(fileno=os.dup(fd))
+    _watch_worker(watched)
+    conn = Connection(fd)
     send(conn, {"ready": True})
+    serve(conn, cache, max_result_bytes=max_result_bytes)
+
+
+def serve(conn: Connection, cache: DagCache, *, max_result_bytes: int) -> None:
+    """Run the attempts and callbacks that arrive on `conn`, one at a time, until EOF."""
     while True:
         try:
             msg = receive(conn)

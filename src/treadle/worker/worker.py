@@ -37,7 +37,7 @@ from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database, is_transient
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
-from treadle.worker.child_process import ChildImports
+from treadle.worker.child_process import ChildImports, prestart
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import FencedAttempts, LeaseClock
 from treadle.worker.slot import Running, Slot
@@ -136,6 +136,9 @@ class Worker:
 
     def start(self) -> None:
         """Register DAGs and this worker, spawn the slots, start the helper threads."""
+        # The task processes' fork server imports the folder meanwhile (child_process.prestart).
+        settings = self.settings
+        prestart(settings.dags_folder, settings.max_result_bytes, settings.dag_import_timeout_s)
         self.refresh_dags()
         record_worker(
             self.db,
