@@ -10,6 +10,7 @@ succeeded; the watchdog asks it which attempts are past their own deadline.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 
 from treadle.domain.records import ClaimedTask
@@ -26,6 +27,9 @@ class LeaseClock:
         self.trust_s = max(lease_s - margin_s, 0.0)
         self._sent: dict[Pair, float] = {}
         self._lock = threading.Lock()
+        #: Set by every grant, so a watchdog sleeping until the earliest deadline wakes for a
+        #: newly held attempt.
+        self._granted = threading.Event()
 
     def granted(self, pairs: Iterable[Pair], *, sent_at: float) -> None:
         """Record that a claim or renewal sent at `sent_at` succeeded for `pairs`."""
@@ -33,6 +37,27 @@ class LeaseClock:
             for pair in pairs:
                 if self._sent.get(pair, float("-inf")) < sent_at:
                     self._sent[pair] = sent_at
+        self._granted.set()
+
+    def earliest_deadline(self) -> float | None:
+        """The earliest monotonic time after which a held attempt is no longer trusted."""
+        with self._lock:
+            sent = min(self._sent.values(), default=None)
+        return None if sent is None else sent + self.trust_s
+
+    def wait_for_deadline(self, *, longest_s: float) -> None:
+        """Sleep until just past the earliest deadline, a grant, or `longest_s`, whichever is first.
+
+        Grants only ever move deadlines later, except for an attempt newly held, so waking on
+        each grant is enough to never sleep past a deadline.
+        """
+        self._granted.clear()
+        deadline = self.earliest_deadline()
+        wait = longest_s
+        if deadline is not None:
+            # Just past it: `expired` counts an attempt once `now - sent > trust_s`.
+            wait = min(max(deadline - time.monotonic(), 0.0) + 0.001, longest_s)
+        self._granted.wait(wait)
 
     def forget(self, pair: Pair) -> None:
         """The attempt ended or was revoked: nothing to guard any more."""
