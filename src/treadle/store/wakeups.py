@@ -116,7 +116,9 @@ class WakeupFolder:
         if not self.usable():
             return False
         with self._lock:
-            if self._sock is None or self._pid != os.getpid():
+            if self._pid != os.getpid():  # a forked child: nothing of its parent's is its own
+                self._registered, self._sock, self._sock_path = [], None, None
+            if self._sock is None:
                 bound = self._bind()
                 if bound is None:
                     return False
@@ -217,9 +219,11 @@ class WakeupFolder:
     def _send(self, path: Path, payloads: list[bytes]) -> None:
         sender = self._sender
         if sender is None:
-            sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            sender.setblocking(False)
-            self._sender = sender
+            with self._lock:
+                if self._sender is None:
+                    self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    self._sender.setblocking(False)
+                sender = self._sender
         for payload in payloads:
             try:
                 sender.sendto(payload, str(path))
