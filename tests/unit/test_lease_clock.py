@@ -58,3 +58,24 @@ def test_the_watchdog_wait_ends_just_past_the_deadline_or_on_a_grant() -> None:
         idle.granted([(9, 1)], sent_at=time.monotonic())  # a claim wakes the sleeping watchdog
         returned.wait(0.05)
     assert returned.is_set()
+
+
+def test_a_claim_that_falls_due_before_the_planned_wake_up_wakes_the_watchdog() -> None:
+    clock = LeaseClock(lease_s=30.0, margin_s=5.0)
+    now = time.monotonic()
+    clock.granted([(1, 1)], sent_at=now)  # due in 25 s
+    returned = threading.Event()
+
+    def wait() -> None:
+        clock.wait_for_deadline(longest_s=120.0)
+        returned.set()
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    while clock._wake_at == float("inf"):
+        time.sleep(0.01)
+    clock.granted([(1, 1)], sent_at=time.monotonic())  # a renewal: later, no need to wake
+    assert not returned.wait(0.2)
+    # A claim sent long ago (its call blocked) that returned only now: due before the wake-up.
+    clock.granted([(2, 1)], sent_at=now - 20.0)
+    assert returned.wait(30)

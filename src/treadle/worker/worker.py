@@ -380,8 +380,8 @@ class Worker:
         """Self-fence (F2): kill every held attempt whose last successful claim or renewal was sent
         longer ago than the lease minus one heartbeat, however long the call renewing it blocks.
 
-        Sleeps until the earliest such deadline (a grant wakes it); with nothing held, until one is
-        granted (checking `closed` every heartbeat)."""
+        Sleeps until the earliest such deadline, a grant due sooner, or one heartbeat (to notice
+        `closed`): no periodic wake-ups while idle."""
         while not self.closed.is_set():
             self.leases.wait_for_deadline(longest_s=self.settings.heartbeat_s)
             expired = self.leases.expired(now=time.monotonic())
