@@ -97,7 +97,7 @@ class Scheduler:
         self.reachable_since = float("-inf")
         self.stopping = threading.Event()
         #: Set by a wake-up (work was triggered, cleared, requeued; a backfill created): an idle
-        #: leader runs its maintenance pass at once.
+        #: leader goes back to a maintenance pass every `tick_s`.
         self.wake = threading.Event()
         #: Whether the last maintenance pass found nothing in flight (then it waits for a
         #: wake-up, IDLE_TICK_S at most, instead of ticking every `tick_s`).
