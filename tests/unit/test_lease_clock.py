@@ -63,7 +63,7 @@ def test_the_watchdog_wait_ends_just_past_the_deadline_or_on_a_grant() -> None:
 def test_a_claim_that_falls_due_before_the_planned_wake_up_wakes_the_watchdog() -> None:
     clock = LeaseClock(lease_s=30.0, margin_s=5.0)
     now = time.monotonic()
-    clock.granted([(1, 1)], sent_at=now)  # due in 25 s
+    clock.granted([(1, 1)], sent_at=now - 1.0)  # due in 24 s
     returned = threading.Event()
 
     def wait() -> None:
@@ -77,5 +77,5 @@ def test_a_claim_that_falls_due_before_the_planned_wake_up_wakes_the_watchdog() 
     clock.granted([(1, 1)], sent_at=time.monotonic())  # a renewal: later, no need to wake
     assert not returned.wait(0.2)
     # A claim sent long ago (its call blocked) that returned only now: due before the wake-up.
-    clock.granted([(2, 1)], sent_at=now - 20.0)
+    clock.granted([(2, 1)], sent_at=now - 21.0)
     assert returned.wait(30)
