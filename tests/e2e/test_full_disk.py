@@ -86,8 +86,10 @@ def test_a_full_disk_reruns_no_finished_work_and_claiming_resumes(
     assert c.cli("db", "upgrade").returncode == 0
     standalone = c.start("standalone", "standalone", "--concurrency", "2")
     c.wait_dag("big_results", timeout=60)
-    run_id = c.trigger("big_results")
+    # Filled before the trigger: a woken standalone would finish the run while the filler is
+    # still being written. What is left holds the run and a few results, not all of them.
     filler = _fill(small_disk, leave_bytes=2_000_000)
+    run_id = c.trigger("big_results")
 
     wait_for(lambda: "worker.outcome_held" in c.log("standalone"), timeout=90, message="the disk to fill up")
     held_at = sum(1 for line in effects.read_text().splitlines())

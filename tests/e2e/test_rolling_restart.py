@@ -55,7 +55,14 @@ def test_rolling_restart_loses_nothing(pg_url: str, cluster: Callable[..., Clust
         proc = c.procs[name]
         c.signal(name, signal.SIGTERM)
         assert proc.wait(timeout=30) == 0  # a drain, not a crash
+        starts = c.log(name).count('"worker.started"')
         c.worker(name, concurrency=3)
+        # Up (its signal handlers in place) before a later round may signal it.
+        wait_for(
+            lambda n=name, s=starts: c.log(n).count('"worker.started"') > s,
+            timeout=60,
+            message=f"worker {name} to start again",
+        )
 
     detail = c.wait_run(run_id, timeout=120)
     assert detail.run.state == "success"

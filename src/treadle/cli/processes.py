@@ -46,6 +46,16 @@ class Signals:
         (self.hard if self.stop.is_set() else self.stop).set()
 
 
+_POLL_OPTION = click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0.01, max=3600),
+    default=1.0,
+    show_default=True,
+    help="Longest wait (seconds) before looking for work again when no wake-up came: wake-ups "
+    "(NOTIFY on PostgreSQL, datagram sockets on SQLite) start ready work sooner; MariaDB has none.",
+)
+
+
 @cli.command("worker")
 @click.option(
     "--concurrency",
@@ -68,6 +78,7 @@ class Signals:
     default=None,
     help="Seconds running attempts get to finish on SIGTERM [TREADLE_SHUTDOWN_GRACE_SECONDS].",
 )
+@_POLL_OPTION
 @click.option("--log-level", default="INFO", show_default=True)
 @pass_context
 def worker_cmd(
@@ -76,13 +87,21 @@ def worker_cmd(
     prefetch: int | None,
     queues: str,
     grace_period: float | None,
+    poll_interval: float,
     log_level: str,
 ) -> None:
     """Claim and run task attempts. SIGTERM drains (a second signal stops at once)."""
     configure_logging(log_level)
     if prefetch is None:
         prefetch = default_prefetch(concurrency)
-    worker = Worker(ctx.db, ctx.settings, concurrency=concurrency, queues=_queues(queues), prefetch=prefetch)
+    worker = Worker(
+        ctx.db,
+        ctx.settings,
+        concurrency=concurrency,
+        queues=_queues(queues),
+        prefetch=prefetch,
+        poll_s=poll_interval,
+    )
     _run_until_signal(ctx, worker=worker, grace_s=grace_period)
 
 
@@ -101,9 +120,10 @@ def scheduler_cmd(ctx: Context, log_level: str) -> None:
 
 @cli.command("standalone")
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256))
+@_POLL_OPTION
 @click.option("--log-level", default="INFO", show_default=True)
 @pass_context
-def standalone_cmd(ctx: Context, concurrency: int, log_level: str) -> None:
+def standalone_cmd(ctx: Context, concurrency: int, poll_interval: float, log_level: str) -> None:
     """Scheduler and worker in one process (migrates the database first). SIGTERM drains."""
     configure_logging(log_level)
     db = ctx.db_upgraded("treadle-standalone")
@@ -117,6 +137,7 @@ def standalone_cmd(ctx: Context, concurrency: int, log_level: str) -> None:
             concurrency=concurrency,
             queues=["default"],
             prefetch=default_prefetch(concurrency),
+            poll_s=poll_interval,
         ),
         scheduler=_scheduler(ctx, db),
     )

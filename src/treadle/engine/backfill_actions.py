@@ -24,7 +24,7 @@ from treadle.engine.cancellation import cancel_run
 from treadle.engine.dags import version_of
 from treadle.engine.queries import runs_for_operators
 from treadle.errors import BackfillConflict, DagNotFound, InvalidRequest, ParamsInvalid
-from treadle.store import audit
+from treadle.store import audit, dialects
 from treadle.store import backfills as backfill_store
 from treadle.store import dags as dag_store
 from treadle.store.backfills import BackfillInfo
@@ -256,6 +256,7 @@ def create_backfill(
         )
         found = backfill_store.get_backfill(conn, backfill_id)
         assert found is not None
+        dialects.notify_scheduler(conn)  # an idle scheduler drains it at once
         return found
 
     return db.transact(work)
@@ -333,6 +334,8 @@ def set_backfill_paused(db: Database, backfill_id: int, *, paused: bool, actor: 
             action="backfill.pause" if paused else "backfill.unpause",
             target=f"backfill:{backfill_id}",
         )
+        if not paused:
+            dialects.notify_scheduler(conn)
         return True
 
     return db.transact(work)

@@ -36,7 +36,10 @@ from treadle.engine.scheduling import (
     prefetch_versions,
 )
 from treadle.errors import NotLeader
+from treadle.store import activity
 from treadle.store.database import Database
+from treadle.store.dialects import READY_CHANNEL, SCHEDULER_CHANNEL
+from treadle.store.notifications import listen
 
 log = logging.getLogger("treadle.scheduler")
 
@@ -54,6 +57,9 @@ PREFETCH_MIN_IDLE_S = 0.2
 STANDBY_POLL_S = 0.5
 #: A step that took longer than this share of the worker lease counts as a database stall.
 STALL_SHARE = 0.5
+#: Longest wait between two maintenance passes of a leader with nothing in flight, where
+#: wake-ups reach it (a trigger, a clear, a requeue or a new backfill wakes it at once).
+IDLE_TICK_S = 30.0
 
 
 class Scheduler:
@@ -92,6 +98,14 @@ class Scheduler:
         #: Monotonic start of the loop's current step (a stall inside it holds deadlines at once).
         self.step_began = float("inf")
         self.stopping = threading.Event()
+        #: Set by a wake-up (work was triggered, cleared, requeued; a backfill created): an idle
+        #: leader goes back to a maintenance pass every `tick_s`.
+        self.wake = threading.Event()
+        #: Whether the last maintenance pass found nothing in flight (then it waits for a
+        #: wake-up, IDLE_TICK_S at most, instead of ticking every `tick_s`).
+        self.idle = False
+        #: Set by run(): whether wake-ups reach this process (else it ticks every `tick_s`).
+        self.wakeups = False
         self.fire_pool = ThreadPoolExecutor(max_workers=FIRE_PARALLEL, thread_name_prefix="treadle-fire")
 
     def tick(self) -> dict[str, int]:
@@ -179,6 +193,8 @@ class Scheduler:
                 self.leadership.renew_every_s if leading else STANDBY_POLL_S
             )
         if not self.leadership.is_leader():
+            # Whatever happened while another scheduler led: look at once on taking over.
+            self.idle, self.next_tick_at = False, 0.0
             return max(0.0, self.next_lease_at - time.monotonic())
         try:
             fired = self.fire()
@@ -191,6 +207,9 @@ class Scheduler:
                     fired = self.fire()
                 if any(changes.values()):
                     log.info("scheduler tick", extra={"event": "scheduler.tick", **changes})
+                self.idle = self.wakeups and not self.db.query(activity.in_flight)
+                if self.idle:
+                    self.next_tick_at = time.monotonic() + max(IDLE_TICK_S, self.tick_s)
         except NotLeader as exc:
             self.leadership.step_down(str(exc))
             self.next_lease_at = 0.0
@@ -227,8 +246,22 @@ class Scheduler:
 
         On stop the leader lease is released, so a standby takes over at once.
         """
+        self.wakeups = self.db.supports_wakeups
+        if self.wakeups:
+            handlers = {READY_CHANNEL: self.wake.set, SCHEDULER_CHANNEL: self.wake.set}
+            threading.Thread(
+                target=listen,
+                name="treadle-scheduler-listen",
+                daemon=True,
+                kwargs={"url": self.db.url, "handlers": handlers, "stop": self.stopping},
+            ).start()
         failures = 0
         while not self.stopping.is_set():
+            if self.wake.is_set():
+                self.wake.clear()
+                if self.idle:  # something may be in flight now: back to a pass every tick_s
+                    self.idle = False
+                    self.next_tick_at = min(self.next_tick_at, time.monotonic() + self.tick_s)
             began = self.step_began = time.monotonic()
             try:
                 delay = self.step()
@@ -240,7 +273,8 @@ class Scheduler:
                 log.exception("scheduler step failed", extra={"event": "scheduler.step_error"})
                 self._database_was_unreachable("a step failed")
                 delay = min(self.tick_s * 2**failures, 30.0) * (0.5 + random.random())
-            self.stopping.wait(delay)
+            # Busy, a wake-up changes nothing (the next pass is at most `tick_s` away).
+            (self.wake if self.idle else self.stopping).wait(delay)
         self.fire_pool.shutdown(wait=True)
         self.leadership.resign()
 
@@ -264,3 +298,4 @@ class Scheduler:
     def stop(self) -> None:
         """Stop after the current step (and release the leader lease)."""
         self.stopping.set()
+        self.wake.set()

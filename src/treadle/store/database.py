@@ -19,7 +19,7 @@ from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import RunInfo
 from treadle.domain.urls import DatabaseUrl, parse_database_url
 from treadle.errors import ConfigError, DatabaseUnavailable
-from treadle.store import dialects
+from treadle.store import dialects, wakeups
 
 log = logging.getLogger("treadle.store")
 T = TypeVar("T")
@@ -124,6 +124,8 @@ class Database:
         self.version_cache: dict[int, DagVersion] = {}
         #: Run id -> run, read by claims only for fields fixed at creation (version, date, conf).
         self.run_cache: dict[str, RunInfo] = {}
+        #: Where a SQLite database's wake-ups go (store/wakeups.py); None elsewhere.
+        self.wakeups = wakeups.for_url(self.url) if self.dialect == "sqlite" else None
 
     @property
     def is_sqlite(self) -> bool:
@@ -135,11 +137,30 @@ class Database:
         """True where workers can LISTEN for "work is ready" (else they rely on polling)."""
         return dialects.supports_notify(self.dialect)
 
+    @property
+    def supports_wakeups(self) -> bool:
+        """True where a process can be woken when work is ready: LISTEN/NOTIFY on PostgreSQL,
+        a usable wake-up folder on SQLite (else polling alone, with one warning)."""
+        if self.wakeups is not None:
+            return self.wakeups.usable()
+        return self.supports_notify
+
     @contextmanager
     def begin(self) -> Iterator[Connection]:
-        """A short write transaction (on SQLite it takes the write lock at BEGIN)."""
+        """A short write transaction (on SQLite it takes the write lock at BEGIN).
+
+        On SQLite, the wake-ups the transaction asked for (`dialects.notify_ready` ...) are sent
+        once it has committed; never on rollback.
+        """
+        pending = None
         with self.engine.begin() as conn:
-            yield conn
+            conn.info.pop(dialects.PENDING_WAKEUPS, None)
+            try:
+                yield conn
+            finally:
+                pending = conn.info.pop(dialects.PENDING_WAKEUPS, None)
+        if pending and self.wakeups is not None:
+            self.wakeups.publish(pending)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

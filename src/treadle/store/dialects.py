@@ -1,9 +1,10 @@
 """The few places where SQLite, PostgreSQL and MySQL/MariaDB differ: clock, claim locking,
-UPDATE ... RETURNING, upserts, notifications. Nothing outside this module branches on dialect.
+UPDATE ... RETURNING, upserts, notifications (wake-ups). Nothing outside this module branches on dialect.
 
 MySQL/MariaDB (10.6+ for SKIP LOCKED) differs most: it has no UPDATE ... RETURNING (emulated
 below in the same transaction, fenced by the same guard), no `FOR UPDATE OF`, and no NOTIFY
-(workers rely on their bounded poll, which is always running anyway). One gap is in the
+(workers rely on their bounded poll, which is always running anyway; SQLite has no NOTIFY either,
+its wake-ups are datagrams sent after the commit, store/wakeups.py). One gap is in the
 schema (tables.py): a utf8mb4 key holds at most 3072 bytes, so `dag_load_errors.fileloc`
 is VARCHAR(768) there, not 1000.
 """
@@ -27,6 +28,8 @@ SelectT = TypeVar("SelectT", bound=sa.Select[Any])
 READY_CHANNEL = "treadle_ready"
 #: Channel that tells workers to renew their leases now (a running attempt was cancelled).
 CANCEL_CHANNEL = "treadle_cancel"
+#: Channel that wakes an idle scheduler for work only it does (a backfill to drain).
+SCHEDULER_CHANNEL = "treadle_scheduler"
 
 
 def now(conn: Connection) -> datetime:
@@ -104,9 +107,26 @@ def statement_clock(conn: Connection) -> datetime | None:
 
 
 def notify_cancel(conn: Connection) -> None:
-    """Ask workers to check their attempts at once (PostgreSQL only; heartbeats catch it anyway)."""
+    """Ask workers to check their attempts at once (a hint: heartbeats catch it anyway)."""
+    _notify(conn, CANCEL_CHANNEL)
+
+
+def notify_scheduler(conn: Connection) -> None:
+    """Wake an idle scheduler after the commit (a hint: it also looks on its own, less often)."""
+    _notify(conn, SCHEDULER_CHANNEL)
+
+
+#: Key in `Connection.info` of the channels a SQLite transaction notified, sent once it commits.
+PENDING_WAKEUPS = "treadle_pending_wakeups"
+
+
+def _notify(conn: Connection, channel: str) -> None:
+    """NOTIFY on PostgreSQL (delivered at commit); on SQLite the channel is kept on the connection
+    and `Database.begin` sends it after the commit (store/wakeups.py); MySQL/MariaDB: nothing."""
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"NOTIFY {CANCEL_CHANNEL}")
+        conn.exec_driver_sql(f"NOTIFY {channel}")
+    elif conn.dialect.name == "sqlite":
+        conn.info.setdefault(PENDING_WAKEUPS, set()).add(channel)
 
 
 def update_returning(
@@ -167,12 +187,11 @@ _UPSERTS: dict[tuple[str, str, str, tuple[str, ...]], Any] = {}
 
 
 def notify_ready(conn: Connection) -> None:
-    """Wake idle workers after the transaction commits (PostgreSQL only; a hint, never needed).
-
-    SQLite and MySQL/MariaDB have no NOTIFY: their workers find new work by polling.
+    """Wake idle workers (and an idle scheduler) after the transaction commits (a hint, never
+    needed: they poll too). PostgreSQL: NOTIFY; SQLite: a datagram per listening process
+    (store/wakeups.py); MySQL/MariaDB have neither: their workers find new work by polling.
     """
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"NOTIFY {READY_CHANNEL}")
+    _notify(conn, READY_CHANNEL)
 
 
 def insert_ignore(conn: Connection, table: sa.Table) -> Any:

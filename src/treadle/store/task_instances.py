@@ -75,7 +75,11 @@ def claim(
         admitted = limits.admit(conn, candidates, excluded)
         # Moved to running before any next round, so that round's usage counts them.
         starting = max(start - len(claimed), 0)
-        for ids, started in ((admitted[:starting], True), (admitted[starting:], False)):
+        # A buffered attempt would hold its pool slot (or DAG allowance) while it waits: only
+        # unlimited ones are claimed ahead; limited ones stay queued for a free slot anywhere.
+        limited = {c.id for c in candidates if c.pool is not None or c.dag_limit is not None}
+        ahead = [i for i in admitted[starting:] if i not in limited]
+        for ids, started in ((admitted[:starting], True), (ahead, False)):
             claimed.extend(
                 _take(
                     conn,

@@ -10,6 +10,7 @@ succeeded; the watchdog asks it which attempts are past their own deadline.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 
 from treadle.domain.records import ClaimedTask
@@ -26,6 +27,10 @@ class LeaseClock:
         self.trust_s = max(lease_s - margin_s, 0.0)
         self._sent: dict[Pair, float] = {}
         self._lock = threading.Lock()
+        #: Set by a grant whose deadline falls before the watchdog's planned wake-up.
+        self._granted = threading.Event()
+        #: When the sleeping watchdog plans to wake (monotonic).
+        self._wake_at = float("inf")
 
     def granted(self, pairs: Iterable[Pair], *, sent_at: float) -> None:
         """Record that a claim or renewal sent at `sent_at` succeeded for `pairs`."""
@@ -33,6 +38,30 @@ class LeaseClock:
             for pair in pairs:
                 if self._sent.get(pair, float("-inf")) < sent_at:
                     self._sent[pair] = sent_at
+            # A claim sent before a renewal that returned first can fall due before the deadline
+            # the watchdog sleeps towards; anything later it finds when it wakes.
+            if sent_at + self.trust_s < self._wake_at:
+                self._granted.set()
+
+    def earliest_deadline(self) -> float | None:
+        """The earliest monotonic time after which a held attempt is no longer trusted."""
+        with self._lock:
+            sent = min(self._sent.values(), default=None)
+        return None if sent is None else sent + self.trust_s
+
+    def wait_for_deadline(self, *, longest_s: float) -> None:
+        """Sleep until just past the earliest deadline, `longest_s`, or a grant that falls due
+        before then, whichever is first (the watchdog: one thread at a time)."""
+        with self._lock:
+            self._granted.clear()
+            sent = min(self._sent.values(), default=None)
+            now = time.monotonic()
+            wait = longest_s
+            if sent is not None:
+                # Just past it: `expired` counts an attempt once `now - sent > trust_s`.
+                wait = min(max(sent + self.trust_s - now, 0.0) + 0.001, longest_s)
+            self._wake_at = now + wait
+        self._granted.wait(wait)
 
     def forget(self, pair: Pair) -> None:
         """The attempt ended or was revoked: nothing to guard any more."""

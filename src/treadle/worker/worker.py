@@ -172,7 +172,7 @@ class Worker:
         threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
         threading.Thread(target=self._watchdog_loop, name="treadle-watchdog", daemon=True).start()
         threading.Thread(target=self._refresh_loop, name="treadle-dag-refresh", daemon=True).start()
-        if self.db.supports_notify:
+        if self.db.supports_wakeups:
             handlers = {READY_CHANNEL: self.wake.set, CANCEL_CHANNEL: self.beat_now.set}
             threading.Thread(
                 target=listen,
@@ -582,9 +582,12 @@ class Worker:
 
     def _watchdog_loop(self) -> None:
         """Self-fence (F2): kill every held attempt whose last successful claim or renewal was sent
-        longer ago than the lease minus one heartbeat, however long the call renewing it blocks."""
-        period = min(0.1, self.settings.heartbeat_s / 4)
-        while not self.closed.wait(period):
+        longer ago than the lease minus one heartbeat, however long the call renewing it blocks.
+
+        Sleeps until the earliest such deadline, a grant due sooner, or one heartbeat (to notice
+        `closed`): no periodic wake-ups while idle."""
+        while not self.closed.is_set():
+            self.leases.wait_for_deadline(longest_s=self.settings.heartbeat_s)
             expired = self.leases.expired(now=time.monotonic())
             if not expired:
                 continue
