@@ -91,11 +91,12 @@ class Worker:
         self.unrecorded: dict[tuple[int, int], Success] = {}
         #: Consecutive dispatch round trips that failed (outcomes held meanwhile).
         self.failed_cycles = 0
-        #: Where the database notifies cancellations at once (PostgreSQL), a slot that frees
-        #: takes its next attempt from the buffer and runs it at once; the start is confirmed by
-        #: the next pass, which kills it if the database refuses (cancelled or lost meanwhile).
-        #: Elsewhere a buffered attempt runs only after its start is recorded.
-        self.start_at_once = db.supports_notify
+        #: Where a committed cancellation wakes the worker at once (PostgreSQL's NOTIFY, SQLite's
+        #: wake-up sockets), a slot that frees takes its next attempt from the buffer and runs it
+        #: at once; the start is confirmed by the next pass, which kills it if the database
+        #: refuses (cancelled or lost meanwhile). Elsewhere (MariaDB) a buffered attempt runs only
+        #: after its start is recorded.
+        self.start_at_once = db.supports_wakeups
         #: Attempts slots took from the buffer, waiting for their start to be recorded (and
         #: the start times recorded for those whose success is not yet). Guarded by `_buffer_lock`.
         self.starting: dict[tuple[int, int], ClaimedTask] = {}
