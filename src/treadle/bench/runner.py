@@ -225,7 +225,7 @@ class MemorySampler(threading.Thread):
         self.roots, self.every_s = roots, every_s
         self.peak_pss_kb = 0
         self.peak_processes = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         while True:
@@ -233,12 +233,12 @@ class MemorySampler(threading.Thread):
             total = sum(pss_kb(pid) for pid in pids)
             if total > self.peak_pss_kb:
                 self.peak_pss_kb, self.peak_processes = total, len(pids)
-            if self._stop.wait(self.every_s):
+            if self._halt.wait(self.every_s):
                 return
 
     def stop(self) -> None:
         """Take one last sample and end."""
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
 

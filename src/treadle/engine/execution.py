@@ -153,6 +153,13 @@ def work_cycle(
     """
 
     def work(conn: Connection) -> Cycle:
+        # Several of this worker's rows change here: lock them in id order first, as the
+        # heartbeat does, so the two never deadlock (a statement's own lock order is the plan's).
+        if len(start) + len(successes) > 1:
+            ti_store.lock_in_id_order(
+                conn,
+                [t.task_instance_id for t in start] + [_unpack(d)[0].task_instance_id for d in successes],
+            )
         started = _start_in(conn, start, worker_id=worker_id)
         # An attempt can finish before its start is recorded (a slot ran it straight from the
         # buffer): its attempt row takes the start time just written.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -184,7 +184,9 @@ def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclus
     sel = (
         sa.select(ti.c.id, ti.c.dag_id, ti.c.pool, ti.c.pool_slots, dag_limit)
         .select_from(source)
-        .where(ti.c.state == TaskState.QUEUED.value, ti.c.queue.in_(queues))
+        # The state is written into the SQL, not bound: a prepared statement's generic plan must
+        # still see that it matches the partial claim-order index (queued rows only).
+        .where(ti.c.state == sa.literal(TaskState.QUEUED.value, literal_execute=True), ti.c.queue.in_(queues))
         .order_by(ti.c.priority_weight.desc(), ti.c.queued_at, ti.c.id)
         .limit(limit)
     )
@@ -532,13 +534,27 @@ def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[Attem
     return _attempts(conn.execute(stmt))
 
 
+def lock_in_id_order(conn: Connection, ids: Iterable[int]) -> None:
+    """Lock task instance rows in id order (no-op on SQLite, whose writer lock serialises).
+
+    A transaction that changes several rows of one worker in more than one statement takes
+    their locks this way first, as the heartbeat's renewal does, so the two can never each hold
+    a row the other waits for (a deadlock).
+    """
+    wanted = sorted(set(ids))
+    if len(wanted) < 2 or conn.dialect.name == "sqlite":
+        return
+    conn.execute(dialects.lock_row(sa.select(ti.c.id).where(ti.c.id.in_(wanted)).order_by(ti.c.id), conn))
+
+
 def extend_leases(
     conn: Connection, *, worker_id: str, held: list[tuple[int, int]], now: datetime, lease_s: float
 ) -> set[tuple[int, int]]:
     """Extend the leases this worker still holds; returns the (id, attempt) pairs renewed."""
     if not held:
         return set()
-    ids = [i for i, _ in held]
+    ids = sorted({i for i, _ in held})
+    lock_in_id_order(conn, ids)
     stmt = (
         sa.update(ti)
         .where(ti.c.id.in_(ids), ti.c.worker_id == worker_id, ti.c.state == TaskState.RUNNING.value)
