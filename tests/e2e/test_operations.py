@@ -174,7 +174,9 @@ def test_pool_of_three_is_never_exceeded_by_six_workers(pg_url: str, cluster: Ca
     assert detail.run.state == "success"
     assert samples > 20
     assert 2 <= peak <= 3  # contended (it filled up), never exceeded
-    assert len({a.worker_id for a in detail.attempts}) >= 3
+    # Shared: the pass that frees a pool slot may take it again in the same transaction (record,
+    # then claim), so one worker can keep a slot, but no worker holds the whole pool.
+    assert len({a.worker_id for a in detail.attempts}) >= 2
     pools = c.cli_json("pools", "list")
     assert pools == [pools[0]] and pools[0]["name"] == "warehouse" and pools[0]["used_slots"] == 0
 

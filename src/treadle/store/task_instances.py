@@ -542,7 +542,7 @@ def lock_in_id_order(conn: Connection, ids: Iterable[int]) -> None:
     a row the other waits for (a deadlock).
     """
     wanted = sorted(set(ids))
-    if len(wanted) < 2 or conn.dialect.name == "sqlite":
+    if len(wanted) < 2:
         return
     conn.execute(dialects.lock_row(sa.select(ti.c.id).where(ti.c.id.in_(wanted)).order_by(ti.c.id), conn))
 
