@@ -11,7 +11,6 @@ import argparse
 import itertools
 import json
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -31,30 +30,14 @@ from _common import (
     wait_for,
 )
 
+from treadle.bench.workloads import chain_dag
+
 DAG_ID = "bench_chain"
 
 
 def dag_source(tasks: int) -> str:
     """A DAG whose tasks each take the previous task's output (a chain of `tasks`)."""
-    return textwrap.dedent(
-        f"""\
-        from __future__ import annotations
-
-        from treadle import dag, task
-
-
-        @task
-        def step(n: int) -> int:
-            return n + 1
-
-
-        @dag(dag_id="{DAG_ID}")
-        def {DAG_ID}() -> None:
-            value = step(0)
-            for _ in range({tasks} - 1):
-                value = step(value)
-        """
-    )
+    return chain_dag(DAG_ID, tasks)
 
 
 def run_state(url: str, run_id: str) -> str:

@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from _common import (
     wait_for,
 )
 
+from treadle.bench.workloads import CELERY_APP, fanout_dag
 from treadle.engine.runs import trigger_run
 from treadle.store.database import Database
 
@@ -52,34 +52,7 @@ DAG_ID = "bench_fanout"
 # -- treadle ----------------------------------------------------------------------------------
 def treadle_dag(width: int) -> str:
     """start -> `width` no-ops (each takes start's result) -> join(all their results)."""
-    return textwrap.dedent(
-        f"""\
-        from __future__ import annotations
-
-        from treadle import dag, task
-
-
-        @task
-        def start() -> int:
-            return 1
-
-
-        @task
-        def noop(value: int) -> int:
-            return value
-
-
-        @task
-        def join(*values: int) -> int:
-            return sum(values)
-
-
-        @dag(dag_id="{DAG_ID}")
-        def {DAG_ID}() -> None:
-            first = start()
-            join(*[noop(first) for _ in range({width})])
-        """
-    )
+    return fanout_dag(DAG_ID, width)
 
 
 def treadle_once(
@@ -152,36 +125,6 @@ def bench_treadle(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- Celery -----------------------------------------------------------------------------------
-CELERY_APP = """\
-from __future__ import annotations
-
-import os
-
-from celery import Celery
-
-app = Celery("bench_fanout", broker=os.environ["BENCH_REDIS"], backend=os.environ["BENCH_REDIS"])
-app.conf.update(
-    task_default_queue=os.environ["BENCH_QUEUE"],
-    result_expires=600,
-    worker_hijack_root_logger=False,
-    broker_connection_retry_on_startup=True,
-)
-
-
-@app.task
-def start() -> int:
-    return 1
-
-
-@app.task
-def noop(value: int) -> int:
-    return value
-
-
-@app.task
-def join(values: list[int]) -> int:
-    return sum(values)
-"""
 
 
 class CeleryWorkers:

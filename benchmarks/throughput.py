@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -32,29 +31,14 @@ from _common import (
     wait_for,
 )
 
+from treadle.bench.workloads import independent_dag
+
 DAG_ID = "bench_throughput"
 
 
 def dag_source(tasks: int) -> str:
     """A DAG of `tasks` independent no-op tasks."""
-    return textwrap.dedent(
-        f"""\
-        from __future__ import annotations
-
-        from treadle import dag, task
-
-
-        @task
-        def noop() -> None:
-            return None
-
-
-        @dag(dag_id="{DAG_ID}")
-        def {DAG_ID}() -> None:
-            for _ in range({tasks}):
-                noop()
-        """
-    )
+    return independent_dag(DAG_ID, tasks)
 
 
 def run_state(url: str, run_id: str) -> str:

@@ -31,7 +31,8 @@ class Workload:
     once: bool = False
 
 
-def _chain_dag(dag_id: str, length: int) -> str:
+def chain_dag(dag_id: str, length: int) -> str:
+    """A DAG whose tasks each take the previous task's result (a chain of `length`)."""
     return textwrap.dedent(
         f"""\
         from __future__ import annotations
@@ -53,7 +54,8 @@ def _chain_dag(dag_id: str, length: int) -> str:
     )
 
 
-def _fanout_dag(dag_id: str, width: int) -> str:
+def fanout_dag(dag_id: str, width: int) -> str:
+    """start -> `width` no-ops (each takes start's result) -> join(all their results)."""
     return textwrap.dedent(
         f"""\
         from __future__ import annotations
@@ -84,7 +86,8 @@ def _fanout_dag(dag_id: str, width: int) -> str:
     )
 
 
-def _independent_dag(dag_id: str, count: int) -> str:
+def independent_dag(dag_id: str, count: int) -> str:
+    """A DAG of `count` independent no-op tasks."""
     return textwrap.dedent(
         f"""\
         from __future__ import annotations
@@ -142,7 +145,7 @@ def workloads(
             dag_id="bench_chain",
             tasks=chain,
             description=f"a chain of {chain} tasks, each taking the previous one's result",
-            dag_source=_chain_dag("bench_chain", chain),
+            dag_source=chain_dag("bench_chain", chain),
             expected=chain,
             celery=_celery_chain(chain),
         ),
@@ -151,7 +154,7 @@ def workloads(
             dag_id="bench_fanout",
             tasks=width + 2,
             description=f"1 -> {width} -> 1: a start task, {width} tasks taking its result, a join",
-            dag_source=_fanout_dag("bench_fanout", width),
+            dag_source=fanout_dag("bench_fanout", width),
             expected=width,
             celery=_celery_fanout(width),
         ),
@@ -160,7 +163,7 @@ def workloads(
             dag_id="bench_independent",
             tasks=independent,
             description=f"{independent} independent no-op tasks in one run",
-            dag_source=_independent_dag("bench_independent", independent),
+            dag_source=independent_dag("bench_independent", independent),
             expected=None,
             celery=_celery_independent(independent),
         ),
@@ -169,7 +172,7 @@ def workloads(
             dag_id="bench_big",
             tasks=big,
             description=f"one run of {big} independent no-op tasks (time, scheduler CPU, peak memory)",
-            dag_source=_independent_dag("bench_big", big),
+            dag_source=independent_dag("bench_big", big),
             expected=None,
             once=True,
         ),
