@@ -96,6 +96,45 @@ def claim(
     return claimed
 
 
+#: `_take`'s UPDATE ... RETURNING by (dialect, started, stamped with a given time).
+_TAKE_UPDATES: dict[tuple[str, bool, bool], sa.UpdateBase] = {}
+
+
+def _take_update(conn: Connection, *, started: bool, stamped: bool) -> sa.UpdateBase:
+    key = (conn.dialect.name, started, stamped)
+    stmt = _TAKE_UPDATES.get(key)
+    if stmt is None:
+        if stamped:
+            at: Any = sa.bindparam("b_now", type_=UTCDateTime())
+            expires: Any = sa.bindparam("b_expires", type_=UTCDateTime())
+        else:
+            at = stamp(None)
+            expires = at + sa.bindparam("b_lease", type_=sa.Interval())
+        stmt = (
+            sa.update(ti)
+            .where(
+                ti.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+                ti.c.state.in_(task_sources(UseCase.CLAIM, TaskState.RUNNING)),
+            )
+            .values(
+                state=TaskState.RUNNING.value,
+                attempt=ti.c.attempt + 1,
+                worker_id=sa.bindparam("b_worker"),
+                hostname=sa.bindparam("b_host"),
+                started_at=at if started else None,
+                ended_at=None,
+                lease_expires_at=expires,
+                heartbeat_at=at,
+                timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s) if started else None,
+                next_attempt_at=None,
+                dispatch_deadline=None,
+            )
+            .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS)
+        )
+        _TAKE_UPDATES[key] = stmt
+    return stmt
+
+
 def _take(
     conn: Connection,
     ids: list[int],
@@ -108,6 +147,15 @@ def _take(
 ) -> list[AttemptRow]:
     if not ids:
         return []
+    if conn.dialect.update_returning:  # one prepared shape, built once per process
+        params: dict[str, Any] = {"b_ids": list(ids), "b_worker": worker_id, "b_host": hostname}
+        if now is None:
+            params["b_lease"] = timedelta(seconds=lease_s)
+        else:
+            params["b_now"], params["b_expires"] = now, now + timedelta(seconds=lease_s)
+        return _attempts(
+            list(conn.execute(_take_update(conn, started=started, stamped=now is not None), params))
+        )
     at = stamp(now)
     stmt = (
         sa.update(ti)
@@ -357,6 +405,38 @@ def end_running(
     return bool(conn.execute(stmt).rowcount)
 
 
+#: `end_running_many`'s UPDATE ... RETURNING by (dialect, new state, stamped with a given time).
+_END_RUNNING_UPDATES: dict[tuple[str, TaskState, bool], sa.UpdateBase] = {}
+
+
+def _end_running_update(conn: Connection, *, new_state: TaskState, stamped: bool) -> sa.UpdateBase:
+    key = (conn.dialect.name, new_state, stamped)
+    stmt = _END_RUNNING_UPDATES.get(key)
+    if stmt is None:
+        now = sa.bindparam("b_now", type_=UTCDateTime()) if stamped else stamp(None)
+        stmt = (
+            sa.update(ti)
+            .where(
+                ti.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+                sa.tuple_(ti.c.id, ti.c.attempt).in_(
+                    sa.bindparam("b_held", expanding=True, type_=sa.TupleType(sa.BigInteger(), sa.Integer()))
+                ),
+                ti.c.state.in_(task_sources(UseCase.COMPLETE, new_state)),
+                ti.c.worker_id == sa.bindparam("b_worker"),
+            )
+            .values(
+                state=new_state.value,
+                ended_at=now,
+                lease_expires_at=None,
+                next_attempt_at=None,
+                dead_letter_reason=None,
+            )
+            .returning(ti.c.id, ti.c.attempt, ti.c.ended_at)
+        )
+        _END_RUNNING_UPDATES[key] = stmt
+    return stmt
+
+
 def end_running_many(
     conn: Connection,
     *,
@@ -372,6 +452,16 @@ def end_running_many(
     """
     if not held:
         return {}
+    if conn.dialect.update_returning:  # one prepared shape, built once per process
+        params: dict[str, Any] = {
+            "b_ids": sorted({i for i, _ in held}),
+            "b_held": [tuple(p) for p in held],
+            "b_worker": worker_id,
+        }
+        if now is not None:
+            params["b_now"] = now
+        stmt = _end_running_update(conn, new_state=new_state, stamped=now is not None)
+        return {(r.id, r.attempt): r.ended_at for r in conn.execute(stmt, params)}
     stmt = (
         sa.update(ti)
         .where(
@@ -392,6 +482,57 @@ def end_running_many(
     )
     rows = dialects.update_returning(conn, stmt, (ti.c.id, ti.c.attempt, ti.c.ended_at), key=ti.c.id)
     return {(r.id, r.attempt): r.ended_at for r in rows}
+
+
+def _upstream_set(conn: Connection, n: Any, now: Any) -> list[tuple[Any, Any]]:
+    """SET list of `count_upstream_successes` (its order matters on MySQL: see there)."""
+    waiting = task_sources(UseCase.READY, TaskState.QUEUED)
+    ready = sa.and_(ti.c.state.in_(waiting), ti.c.upstream_done + n >= ti.c.upstream_total)
+    return [
+        (ti.c.queued_at, sa.case((ready, now), else_=ti.c.queued_at)),
+        (
+            ti.c.dispatch_deadline,
+            sa.case(
+                (ready, dialects.plus_seconds(conn, now, ti.c.queue_timeout_s)),
+                else_=ti.c.dispatch_deadline,
+            ),
+        ),
+        (ti.c.state, sa.case((ready, TaskState.QUEUED.value), else_=ti.c.state)),
+        (ti.c.upstream_done, ti.c.upstream_done + n),
+    ]
+
+
+#: `count_upstream_successes`'s UPDATE ... RETURNING by (dialect, stamped with a given time):
+#: built once, so a completion on the hot path only binds its values.
+_UPSTREAM_UPDATES: dict[tuple[str, bool], sa.UpdateBase] = {}
+
+
+def _upstream_update(conn: Connection, *, stamped: bool) -> sa.UpdateBase:
+    key = (conn.dialect.name, stamped)
+    stmt = _UPSTREAM_UPDATES.get(key)
+    if stmt is None:
+        now = sa.bindparam("b_now", type_=UTCDateTime()) if stamped else stamp(None)
+        stmt = (
+            sa.update(ti)
+            .where(
+                ti.c.run_id == sa.bindparam("b_run_id"),
+                ti.c.task_id.in_(sa.bindparam("b_task_ids", expanding=True)),
+            )
+            .ordered_values(*_upstream_set(conn, sa.bindparam("b_n", type_=sa.Integer()), now))
+            .returning(ti.c.state, ti.c.queue)
+        )
+        _UPSTREAM_UPDATES[key] = stmt
+    return stmt
+
+
+def _upstream_update_for(
+    conn: Connection, run_id: str, task_ids: list[str], n: int, now: datetime | None
+) -> sa.Update:
+    return (
+        sa.update(ti)
+        .where(ti.c.run_id == run_id, ti.c.task_id.in_(sorted(task_ids)))
+        .ordered_values(*_upstream_set(conn, n, stamp(now)))
+    )
 
 
 def count_upstream_successes(
@@ -415,26 +556,19 @@ def count_upstream_successes(
     for (run_id, task_id), n in increments.items():
         groups.setdefault((run_id, n), []).append(task_id)
     queued: set[str] = set()
-    waiting = task_sources(UseCase.READY, TaskState.QUEUED)
     for (run_id, n), task_ids in sorted(groups.items()):
-        ready = sa.and_(ti.c.state.in_(waiting), ti.c.upstream_done + n >= ti.c.upstream_total)
-        stmt = (
-            sa.update(ti)
-            .where(ti.c.run_id == run_id, ti.c.task_id.in_(sorted(task_ids)))
-            .ordered_values(
-                (ti.c.queued_at, sa.case((ready, stamp(now)), else_=ti.c.queued_at)),
-                (
-                    ti.c.dispatch_deadline,
-                    sa.case(
-                        (ready, dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s)),
-                        else_=ti.c.dispatch_deadline,
-                    ),
-                ),
-                (ti.c.state, sa.case((ready, TaskState.QUEUED.value), else_=ti.c.state)),
-                (ti.c.upstream_done, ti.c.upstream_done + n),
+        if conn.dialect.update_returning:  # one prepared shape, built once per process
+            params = {"b_run_id": run_id, "b_task_ids": sorted(task_ids), "b_n": n}
+            if now is not None:
+                params["b_now"] = now
+            rows = list(conn.execute(_upstream_update(conn, stamped=now is not None), params))
+        else:
+            rows = dialects.update_returning(
+                conn,
+                _upstream_update_for(conn, run_id, task_ids, n, now),
+                (ti.c.state, ti.c.queue),
+                key=ti.c.id,
             )
-        )
-        rows = dialects.update_returning(conn, stmt, (ti.c.state, ti.c.queue), key=ti.c.id)
         for r in rows:
             if r.state == TaskState.QUEUED.value:
                 queued.add(run_id)
