@@ -225,7 +225,33 @@ def start_claimed_many(
     return {(r.id, r.attempt): r.started_at for r in rows}
 
 
+#: The first claim round's candidate SELECT by dialect (no exclusions yet): built once.
+_CANDIDATE_SELECTS: dict[str, Any] = {}
+
+
 def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclusions) -> list[Candidate]:
+    if not (skip.ids or skip.pools or skip.dags):
+        stmt = _CANDIDATE_SELECTS.get(conn.dialect.name)
+        if stmt is None:
+            stmt = _candidate_select(
+                conn, queues=sa.bindparam("b_queues", expanding=True), limit=None, skip=skip
+            )
+            stmt = _CANDIDATE_SELECTS[conn.dialect.name] = dialects.lock_for_claim(
+                stmt.limit(sa.bindparam("b_limit", type_=sa.Integer())), conn, of=ti
+            )
+        rows = conn.execute(stmt, {"b_queues": list(queues), "b_limit": limit})
+    else:
+        sel = _candidate_select(conn, queues=queues, limit=limit, skip=skip)
+        rows = conn.execute(dialects.lock_for_claim(sel, conn, of=ti))
+    return [
+        Candidate(
+            id=r.id, dag_id=r.dag_id, pool=r.pool, pool_slots=r.pool_slots, dag_limit=r.max_active_tasks
+        )
+        for r in rows
+    ]
+
+
+def _candidate_select(conn: Connection, *, queues: Any, limit: int | None, skip: Exclusions) -> Any:
     source, dag_limit = dialects.claim_lookup(
         conn, ti, dags.c.max_active_tasks, on=dags.c.dag_id == ti.c.dag_id
     )
@@ -244,13 +270,7 @@ def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclus
         sel = sel.where(sa.or_(ti.c.pool.is_(None), ti.c.pool.not_in(sorted(skip.pools))))
     if skip.dags:
         sel = sel.where(ti.c.dag_id.not_in(sorted(skip.dags)))
-    rows = conn.execute(dialects.lock_for_claim(sel, conn, of=ti))
-    return [
-        Candidate(
-            id=r.id, dag_id=r.dag_id, pool=r.pool, pool_slots=r.pool_slots, dag_limit=r.max_active_tasks
-        )
-        for r in rows
-    ]
+    return sel
 
 
 def hand_back(
