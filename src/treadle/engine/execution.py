@@ -208,19 +208,8 @@ def _start_in(conn: Connection, tasks: Sequence[ClaimedTask], *, worker_id: str)
 def start_claimed(db: Database, task: ClaimedTask, *, worker_id: str) -> ClaimedTask | None:
     """Start a buffered attempt, re-checking in the same statement that this worker still holds
     it: the attempt with its start time, or None if it was cancelled, reaped or lost meanwhile
-    (it must not run)."""
-
-    def work(conn: Connection) -> datetime | None:
-        return ti_store.start_claimed(
-            conn,
-            task_instance_id=task.task_instance_id,
-            attempt=task.attempt,
-            worker_id=worker_id,
-            now=dialects.statement_clock(conn),
-        )
-
-    started = db.transact(work)
-    return None if started is None else replace(task, started_at=started)
+    (it must not run). The same guarded statement a dispatch pass uses (`work_cycle`)."""
+    return db.transact(lambda conn: _start_in(conn, [task], worker_id=worker_id))[0]
 
 
 def attempt_of(

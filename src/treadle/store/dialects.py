@@ -11,9 +11,9 @@ is VARCHAR(768) there, not 1000.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from psycopg.types.json import Jsonb
@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from treadle.store.tables import UTCDateTime
 
 SelectT = TypeVar("SelectT", bound=sa.Select[Any])
+T = TypeVar("T")
 
 #: Channel that workers LISTEN on for "a task became ready".
 READY_CHANNEL = "treadle_ready"
@@ -127,6 +128,29 @@ def _notify(conn: Connection, channel: str) -> None:
         conn.exec_driver_sql(f"NOTIFY {channel}")
     elif conn.dialect.name == "sqlite":
         conn.info.setdefault(PENDING_WAKEUPS, set()).add(channel)
+
+
+#: Statements built once per process and dialect (see `built_once`).
+_BUILT: dict[tuple[str, Hashable], Any] = {}
+
+
+def built_once(conn: Connection, key: Hashable, build: Callable[[], T]) -> T:
+    """The statement `build` makes for this connection's dialect, built on the first call only.
+
+    Hot-path statements whose shape depends only on the dialect and `key` are built once with
+    bound parameters: SQLAlchemy then skips constructing them and computing their cache keys on
+    every call, which cost more than the database's own work for a short transaction.
+    """
+    cache_key = (conn.dialect.name, key)
+    found = _BUILT.get(cache_key)
+    if found is None:
+        found = _BUILT[cache_key] = build()
+    return cast(T, found)
+
+
+def has_update_returning(conn: Connection) -> bool:
+    """True where UPDATE ... RETURNING is one statement (not emulated as on MySQL/MariaDB)."""
+    return bool(conn.dialect.update_returning)
 
 
 def update_returning(

@@ -65,7 +65,7 @@ def claim(
     holds under concurrent claimers, F14), then admitted against pool slots and DAG
     `max_active_tasks` while the limit rows are locked (F15), then moved in one UPDATE. The
     first `start` are started (started_at and timeout_at stamped: they go to idle slots now);
-    the rest are claimed for the worker's buffer, unstarted until `start_claimed`. `now` None
+    the rest are claimed for the worker's buffer, unstarted until `start_claimed_many`. `now` None
     stamps rows with the statement's database time (see `stamp`).
     """
     claimed: list[AttemptRow] = []
@@ -96,42 +96,39 @@ def claim(
     return claimed
 
 
-#: `_take`'s UPDATE ... RETURNING by (dialect, started, stamped with a given time).
-_TAKE_UPDATES: dict[tuple[str, bool, bool], sa.UpdateBase] = {}
-
-
 def _take_update(conn: Connection, *, started: bool, stamped: bool) -> sa.UpdateBase:
-    key = (conn.dialect.name, started, stamped)
-    stmt = _TAKE_UPDATES.get(key)
-    if stmt is None:
-        if stamped:
-            at: Any = sa.bindparam("b_now", type_=UTCDateTime())
-            expires: Any = sa.bindparam("b_expires", type_=UTCDateTime())
-        else:
-            at = stamp(None)
-            expires = at + sa.bindparam("b_lease", type_=sa.Interval())
-        stmt = (
-            sa.update(ti)
-            .where(
-                ti.c.id.in_(sa.bindparam("b_ids", expanding=True)),
-                ti.c.state.in_(task_sources(UseCase.CLAIM, TaskState.RUNNING)),
-            )
-            .values(
-                state=TaskState.RUNNING.value,
-                attempt=ti.c.attempt + 1,
-                worker_id=sa.bindparam("b_worker"),
-                hostname=sa.bindparam("b_host"),
-                started_at=at if started else None,
-                ended_at=None,
-                lease_expires_at=expires,
-                heartbeat_at=at,
-                timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s) if started else None,
-                next_attempt_at=None,
-                dispatch_deadline=None,
-            )
-            .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS)
+    """`_take`'s UPDATE ... RETURNING, built once per dialect and shape."""
+    return dialects.built_once(conn, ("take", started, stamped), lambda: _build_take(conn, started, stamped))
+
+
+def _build_take(conn: Connection, started: bool, stamped: bool) -> sa.UpdateBase:
+    if stamped:
+        at: Any = sa.bindparam("b_now", type_=UTCDateTime())
+        expires: Any = sa.bindparam("b_expires", type_=UTCDateTime())
+    else:
+        at = stamp(None)
+        expires = at + sa.bindparam("b_lease", type_=sa.Interval())
+    stmt = (
+        sa.update(ti)
+        .where(
+            ti.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+            ti.c.state.in_(task_sources(UseCase.CLAIM, TaskState.RUNNING)),
         )
-        _TAKE_UPDATES[key] = stmt
+        .values(
+            state=TaskState.RUNNING.value,
+            attempt=ti.c.attempt + 1,
+            worker_id=sa.bindparam("b_worker"),
+            hostname=sa.bindparam("b_host"),
+            started_at=at if started else None,
+            ended_at=None,
+            lease_expires_at=expires,
+            heartbeat_at=at,
+            timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s) if started else None,
+            next_attempt_at=None,
+            dispatch_deadline=None,
+        )
+        .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS)
+    )
     return stmt
 
 
@@ -147,7 +144,7 @@ def _take(
 ) -> list[AttemptRow]:
     if not ids:
         return []
-    if conn.dialect.update_returning:  # one prepared shape, built once per process
+    if dialects.has_update_returning(conn):  # one shape, built once per process
         params: dict[str, Any] = {"b_ids": list(ids), "b_worker": worker_id, "b_host": hostname}
         if now is None:
             params["b_lease"] = timedelta(seconds=lease_s)
@@ -180,33 +177,12 @@ def _take(
     return _attempts(rows)
 
 
-def start_claimed(
-    conn: Connection, *, task_instance_id: int, attempt: int, worker_id: str, now: datetime | None
-) -> datetime | None:
-    """Start a buffered attempt: stamp started_at and timeout_at if this worker still holds it,
-    unstarted, at this attempt. Returns the start time, or None (cancelled, reaped or lost: it
-    must not run)."""
-    at = stamp(now)
-    stmt = (
-        sa.update(ti)
-        .where(
-            ti.c.id == task_instance_id,
-            ti.c.attempt == attempt,
-            ti.c.worker_id == worker_id,
-            ti.c.state == TaskState.RUNNING.value,
-            ti.c.started_at.is_(None),
-        )
-        .values(started_at=at, timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s))
-    )
-    rows = dialects.update_returning(conn, stmt, (ti.c.started_at,), key=ti.c.id)
-    return rows[0].started_at if rows else None
-
-
 def start_claimed_many(
     conn: Connection, *, held: list[tuple[int, int]], worker_id: str, now: datetime | None
 ) -> dict[tuple[int, int], datetime]:
-    """`start_claimed` for several buffered attempts in one statement; returns the start time of
-    each (id, attempt) pair that this worker still held unstarted (the others must not run)."""
+    """Start buffered attempts: stamp started_at and timeout_at of each (id, attempt) pair this
+    worker still holds, unstarted, at that attempt, in one statement. Returns the start time of
+    each pair moved; the others were cancelled, reaped or lost and must not run."""
     if not held:
         return {}
     at = stamp(now)
@@ -225,20 +201,20 @@ def start_claimed_many(
     return {(r.id, r.attempt): r.started_at for r in rows}
 
 
-#: The first claim round's candidate SELECT by dialect (no exclusions yet): built once.
-_CANDIDATE_SELECTS: dict[str, Any] = {}
-
-
 def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclusions) -> list[Candidate]:
     if not (skip.ids or skip.pools or skip.dags):
-        stmt = _CANDIDATE_SELECTS.get(conn.dialect.name)
-        if stmt is None:
-            stmt = _candidate_select(
-                conn, queues=sa.bindparam("b_queues", expanding=True), limit=None, skip=skip
-            )
-            stmt = _CANDIDATE_SELECTS[conn.dialect.name] = dialects.lock_for_claim(
-                stmt.limit(sa.bindparam("b_limit", type_=sa.Integer())), conn, of=ti
-            )
+        # The first round's shape (no exclusions yet) is built once per dialect.
+        stmt = dialects.built_once(
+            conn,
+            "claim candidates",
+            lambda: dialects.lock_for_claim(
+                _candidate_select(
+                    conn, queues=sa.bindparam("b_queues", expanding=True), limit=None, skip=skip
+                ).limit(sa.bindparam("b_limit", type_=sa.Integer())),
+                conn,
+                of=ti,
+            ),
+        )
         rows = conn.execute(stmt, {"b_queues": list(queues), "b_limit": limit})
     else:
         sel = _candidate_select(conn, queues=queues, limit=limit, skip=skip)
@@ -425,35 +401,34 @@ def end_running(
     return bool(conn.execute(stmt).rowcount)
 
 
-#: `end_running_many`'s UPDATE ... RETURNING by (dialect, new state, stamped with a given time).
-_END_RUNNING_UPDATES: dict[tuple[str, TaskState, bool], sa.UpdateBase] = {}
-
-
 def _end_running_update(conn: Connection, *, new_state: TaskState, stamped: bool) -> sa.UpdateBase:
-    key = (conn.dialect.name, new_state, stamped)
-    stmt = _END_RUNNING_UPDATES.get(key)
-    if stmt is None:
-        now = sa.bindparam("b_now", type_=UTCDateTime()) if stamped else stamp(None)
-        stmt = (
-            sa.update(ti)
-            .where(
-                ti.c.id.in_(sa.bindparam("b_ids", expanding=True)),
-                sa.tuple_(ti.c.id, ti.c.attempt).in_(
-                    sa.bindparam("b_held", expanding=True, type_=sa.TupleType(sa.BigInteger(), sa.Integer()))
-                ),
-                ti.c.state.in_(task_sources(UseCase.COMPLETE, new_state)),
-                ti.c.worker_id == sa.bindparam("b_worker"),
-            )
-            .values(
-                state=new_state.value,
-                ended_at=now,
-                lease_expires_at=None,
-                next_attempt_at=None,
-                dead_letter_reason=None,
-            )
-            .returning(ti.c.id, ti.c.attempt, ti.c.ended_at)
+    """`end_running_many`'s UPDATE ... RETURNING, built once per dialect and shape."""
+    return dialects.built_once(
+        conn, ("end running", new_state, stamped), lambda: _build_end_running(new_state, stamped)
+    )
+
+
+def _build_end_running(new_state: TaskState, stamped: bool) -> sa.UpdateBase:
+    now = sa.bindparam("b_now", type_=UTCDateTime()) if stamped else stamp(None)
+    stmt = (
+        sa.update(ti)
+        .where(
+            ti.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+            sa.tuple_(ti.c.id, ti.c.attempt).in_(
+                sa.bindparam("b_held", expanding=True, type_=sa.TupleType(sa.BigInteger(), sa.Integer()))
+            ),
+            ti.c.state.in_(task_sources(UseCase.COMPLETE, new_state)),
+            ti.c.worker_id == sa.bindparam("b_worker"),
         )
-        _END_RUNNING_UPDATES[key] = stmt
+        .values(
+            state=new_state.value,
+            ended_at=now,
+            lease_expires_at=None,
+            next_attempt_at=None,
+            dead_letter_reason=None,
+        )
+        .returning(ti.c.id, ti.c.attempt, ti.c.ended_at)
+    )
     return stmt
 
 
@@ -472,7 +447,7 @@ def end_running_many(
     """
     if not held:
         return {}
-    if conn.dialect.update_returning:  # one prepared shape, built once per process
+    if dialects.has_update_returning(conn):  # one shape, built once per process
         params: dict[str, Any] = {
             "b_ids": sorted({i for i, _ in held}),
             "b_held": [tuple(p) for p in held],
@@ -522,26 +497,22 @@ def _upstream_set(conn: Connection, n: Any, now: Any) -> list[tuple[Any, Any]]:
     ]
 
 
-#: `count_upstream_successes`'s UPDATE ... RETURNING by (dialect, stamped with a given time):
-#: built once, so a completion on the hot path only binds its values.
-_UPSTREAM_UPDATES: dict[tuple[str, bool], sa.UpdateBase] = {}
-
-
 def _upstream_update(conn: Connection, *, stamped: bool) -> sa.UpdateBase:
-    key = (conn.dialect.name, stamped)
-    stmt = _UPSTREAM_UPDATES.get(key)
-    if stmt is None:
-        now = sa.bindparam("b_now", type_=UTCDateTime()) if stamped else stamp(None)
-        stmt = (
-            sa.update(ti)
-            .where(
-                ti.c.run_id == sa.bindparam("b_run_id"),
-                ti.c.task_id.in_(sa.bindparam("b_task_ids", expanding=True)),
-            )
-            .ordered_values(*_upstream_set(conn, sa.bindparam("b_n", type_=sa.Integer()), now))
-            .returning(ti.c.state, ti.c.queue)
+    """`count_upstream_successes`'s UPDATE ... RETURNING, built once per dialect and shape."""
+    return dialects.built_once(conn, ("upstream", stamped), lambda: _build_upstream(conn, stamped))
+
+
+def _build_upstream(conn: Connection, stamped: bool) -> sa.UpdateBase:
+    now = sa.bindparam("b_now", type_=UTCDateTime()) if stamped else stamp(None)
+    stmt = (
+        sa.update(ti)
+        .where(
+            ti.c.run_id == sa.bindparam("b_run_id"),
+            ti.c.task_id.in_(sa.bindparam("b_task_ids", expanding=True)),
         )
-        _UPSTREAM_UPDATES[key] = stmt
+        .ordered_values(*_upstream_set(conn, sa.bindparam("b_n", type_=sa.Integer()), now))
+        .returning(ti.c.state, ti.c.queue)
+    )
     return stmt
 
 
@@ -577,7 +548,7 @@ def count_upstream_successes(
         groups.setdefault((run_id, n), []).append(task_id)
     queued: set[str] = set()
     for (run_id, n), task_ids in sorted(groups.items()):
-        if conn.dialect.update_returning:  # one prepared shape, built once per process
+        if dialects.has_update_returning(conn):  # one shape, built once per process
             params = {"b_run_id": run_id, "b_task_ids": sorted(task_ids), "b_n": n}
             if now is not None:
                 params["b_now"] = now
