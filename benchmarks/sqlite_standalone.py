@@ -14,7 +14,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from datetime import datetime
@@ -33,30 +32,15 @@ from _common import (
     wait_for,
 )
 
+from treadle.bench.workloads import independent_dag
+
 DAG_ID = "bench_sqlite"
 LOCKED = "database is locked"
 
 
 def dag_source(tasks: int) -> str:
     """A DAG of `tasks` independent no-op tasks."""
-    return textwrap.dedent(
-        f"""\
-        from __future__ import annotations
-
-        from treadle import dag, task
-
-
-        @task
-        def noop() -> None:
-            return None
-
-
-        @dag(dag_id="{DAG_ID}")
-        def {DAG_ID}() -> None:
-            for _ in range({tasks}):
-                noop()
-        """
-    )
+    return independent_dag(DAG_ID, tasks)
 
 
 class Readers(threading.Thread):

@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +38,8 @@ from _common import (
     wait_for,
 )
 
+from treadle.bench.workloads import chain_dag, independent_dag
+
 ONE = "bench_wake_one"
 CHAIN = "bench_wake_chain"
 #: Median from the run's creation to its first task's start, seconds.
@@ -47,37 +48,9 @@ TARGET_START_S = 0.05
 TARGET_CHAIN_S = 0.5
 
 
-def dag_source(chain: int) -> str:
-    """A one-task DAG and a chain of `chain` tasks, each taking the previous one's output."""
-    return textwrap.dedent(
-        f"""\
-        from __future__ import annotations
-
-        from treadle import dag, task
-
-
-        @task
-        def noop() -> None:
-            return None
-
-
-        @dag(dag_id="{ONE}")
-        def {ONE}() -> None:
-            noop()
-
-
-        @task
-        def step(n: int) -> int:
-            return n + 1
-
-
-        @dag(dag_id="{CHAIN}")
-        def {CHAIN}() -> None:
-            value = step(0)
-            for _ in range({chain} - 1):
-                value = step(value)
-        """
-    )
+def dag_sources(chain: int) -> dict[str, str]:
+    """DAG files: a one-task DAG, and a chain of `chain` tasks each taking the previous one's output."""
+    return {"one.py": independent_dag(ONE, 1), "chain.py": chain_dag(CHAIN, chain)}
 
 
 def db_read(path: Path, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
@@ -149,7 +122,8 @@ def main() -> None:
         root = Path(tmp)
         folder = root / "dags"
         folder.mkdir()
-        (folder / "wake.py").write_text(dag_source(args.chain))
+        for name, source in dag_sources(args.chain).items():
+            (folder / name).write_text(source)
         db_path = root / "treadle.db"
         env = treadle_env(database_url=f"sqlite:///{db_path}", dags_folder=folder, home=root / "home")
         log = root / "standalone.log"
