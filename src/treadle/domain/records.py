@@ -102,6 +102,12 @@ class AttemptInfo:
     duration_s: float | None
     retry_delay_s: float | None
     late_result: str | None
+    #: Exit code of the program, or the code a Python task's exception stands for.
+    exit_code: int | None = None
+    #: sha256 of the DAG file that ran.
+    code_version: str | None = None
+    #: Structured outputs the attempt left, by name (Any: JSON).
+    outputs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

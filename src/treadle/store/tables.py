@@ -225,6 +225,13 @@ task_attempts = sa.Table(
     sa.Column("retry_delay_s", Seconds, nullable=True),
     #: Set when a worker that had lost this attempt reported it anyway (discarded, not applied).
     sa.Column("late_result", sa.String(250), nullable=True),
+    #: Exit code of the program (command tasks) or the code its exception maps to (Python tasks).
+    sa.Column("exit_code", sa.Integer, nullable=True),
+    #: sha256 of the DAG file that ran (which code produced which output).
+    sa.Column("code_version", sa.String(64), nullable=True),
+    #: Structured outputs a job left (run-output, metrics, lineage, sink-commit, error-report),
+    #: sensor evidence or a quality result, by name.
+    sa.Column("outputs", JSONType, nullable=True),
     sa.UniqueConstraint("task_instance_id", "attempt"),
     sa.Index(None, "run_id"),
     sa.Index(None, "ended_at"),
