@@ -1,6 +1,7 @@
 """treadle: workflow orchestrator and distributed job scheduler.
 
-The public authoring API: `dag`, `task`, `Param`, `Dataset` and the `TaskContext` a task receives.
+The public authoring API: `dag`, `task`, `Param`, `Dataset`, the `TaskContext` a task receives,
+the outcomes a task raises (`Retryable`, `NonRetryable`, `UnknownCommit`) and `ExitContract`.
 """
 
 from __future__ import annotations
@@ -8,8 +9,22 @@ from __future__ import annotations
 from treadle.authoring.context import TaskContext
 from treadle.authoring.datasets import Dataset
 from treadle.authoring.decorators import dag, task
+from treadle.authoring.outcomes import NonRetryable, Retryable, UnknownCommit
 from treadle.authoring.params import Param
 from treadle.authoring.specs import Dag, TaskOutput
+from treadle.domain.exit_codes import ExitContract
 
-__all__ = ["Dag", "Dataset", "Param", "TaskContext", "TaskOutput", "dag", "task"]
+__all__ = [
+    "Dag",
+    "Dataset",
+    "ExitContract",
+    "NonRetryable",
+    "Param",
+    "Retryable",
+    "TaskContext",
+    "TaskOutput",
+    "UnknownCommit",
+    "dag",
+    "task",
+]
 __version__ = "0.1.0"

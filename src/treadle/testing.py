@@ -20,8 +20,8 @@ from typing import Any
 
 from treadle.authoring.specs import Dag
 from treadle.domain.records import AttemptError, AttemptInfo, ClaimedTask, RunInfo
-from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome
-from treadle.engine import queries
+from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, TaskState
+from treadle.engine import inspection, queries
 from treadle.engine.dags import sync_dags
 from treadle.engine.datasets import parse_outlet_events, run_dataset_events
 from treadle.engine.execution import claim_task_instances, complete_attempt, fail_attempt
@@ -31,7 +31,7 @@ from treadle.store import migrate
 from treadle.store.database import Database
 from treadle.store.datasets import DatasetEventInfo
 from treadle.worker.child import call_callback, call_task
-from treadle.worker.protocol import run_message, to_attempt_error
+from treadle.worker.protocol import run_message, to_attempt_details, to_attempt_error
 
 __all__ = ["DagRunResult", "DagRunner", "run_dag"]
 
@@ -77,7 +77,9 @@ class DagRunner:
         return trigger_run(self.db, self.dag.dag_id, conf=conf, triggered_by="treadle.testing").run_id
 
     def run_until_done(self, run_id: str, *, timeout_s: float = 60.0) -> DagRunResult:
-        """Execute ready tasks (waiting out retry delays) until the run is terminal."""
+        """Execute ready tasks (waiting out retry delays) until the run is terminal, or waits on
+        an operator (a task in needs_inspection, nothing else left to do: resolve it with
+        `resolve` and call this again)."""
         deadline = time.monotonic() + timeout_s
         while not self._step(run_id):
             if time.monotonic() > deadline:
@@ -94,6 +96,18 @@ class DagRunner:
             attempt_history=detail.attempts,
             database_url=self.database_url,
             dataset_events=run_dataset_events(self.db, run_id),
+        )
+
+    def resolve(self, run_id: str, task_id: str, *, as_: str, reason: str, map_index: int = -1) -> None:
+        """Resolve a task that needs inspection: `as_` is success, failed or requeue."""
+        inspection.resolve(
+            self.db,
+            run_id,
+            task_id,
+            resolution=inspection.Resolution(as_),
+            reason=reason,
+            actor="treadle.testing",
+            map_index=map_index,
         )
 
     def close(self) -> None:
@@ -113,8 +127,12 @@ class DagRunner:
         for task in claimed:
             _execute(self.db, self.dag, task, self.max_result_bytes)
         finish_idle_runs(self.db)
-        if queries.run_detail(self.db, run_id).run.state in TERMINAL_RUN_STATES:
+        detail = queries.run_detail(self.db, run_id)
+        if detail.run.state in TERMINAL_RUN_STATES:
             return True
+        states = {t.state for t in detail.task_instances}
+        if TaskState.NEEDS_INSPECTION.value in states and not states & _MOVING:
+            return True  # only an operator can move it on
         if not claimed:
             time.sleep(0.02)
         return False
@@ -140,6 +158,10 @@ def run_dag(
         runner.close()
 
 
+#: States that move on without an operator.
+_MOVING = {TaskState.QUEUED.value, TaskState.RUNNING.value, TaskState.RETRY_WAIT.value}
+
+
 def _queues(dag: Dag) -> list[str]:
     return sorted({t.settings.queue for t in dag.tasks.values()})
 
@@ -163,12 +185,14 @@ def _execute(db: Database, dag: Dag, task: ClaimedTask, max_result_bytes: int) -
                 hostname="local",
                 value=reply.get("value"),
                 outlet_events=annotations,
+                details=to_attempt_details(reply),
             )
             return
     else:
         error = to_attempt_error(reply)
+    outcome = AttemptOutcome.UNKNOWN_COMMIT if error.unknown_commit else AttemptOutcome.FAILED
     ending = fail_attempt(
-        db, task, outcome=AttemptOutcome.FAILED, error=error, worker_id="treadle-testing", hostname="local"
+        db, task, outcome=outcome, error=error, worker_id="treadle-testing", hostname="local"
     )
     if ending.applied and ending.decision is not None:
         name = "on_retry" if ending.decision.retry else "on_dead_letter"

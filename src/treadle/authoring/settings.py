@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from treadle.authoring.datasets import dataset_names
+from treadle.domain.exit_codes import ExitContract
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.retry import RetryPolicy
 from treadle.errors import DagDefinitionError
@@ -27,6 +28,7 @@ TASK_SETTINGS = (
     "on_retry",
     "on_dead_letter",
     "outlets",
+    "exit_codes",
 )
 
 Callback = Callable[..., Any]
@@ -47,6 +49,8 @@ class TaskSettings:
     on_dead_letter: Callback | None
     #: Names of the datasets the task produces: each success records an event on each.
     outlets: tuple[str, ...] = ()
+    #: What each exit code (or `sys.exit` code of a Python task) means.
+    exit_contract: ExitContract = field(default_factory=ExitContract)
 
 
 def _seconds(name: str, value: object, *, allow_zero: bool) -> float:
@@ -128,6 +132,32 @@ def resolve_settings(defaults: Mapping[str, Any], overrides: Mapping[str, Any], 
         on_retry=_check_callback(f"{where}: on_retry", merged.get("on_retry")),
         on_dead_letter=_check_callback(f"{where}: on_dead_letter", merged.get("on_dead_letter")),
         outlets=_outlets(merged.get("outlets"), where),
+        exit_contract=exit_contract(merged.get("exit_codes"), where),
+    )
+
+
+def exit_contract(value: object, where: str) -> ExitContract:
+    """The contract an `exit_codes=` setting describes: an ExitContract, "standard", or a mapping
+    with the lists success / retryable / non_retryable / unknown_commit and a default."""
+    if value is None:
+        return ExitContract()
+    if isinstance(value, ExitContract):
+        return value
+    if value == "standard":
+        return ExitContract.standard()
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"success", "retryable", "non_retryable", "unknown_commit", "default"})
+        if unknown:
+            raise DagDefinitionError(
+                f"{where}: exit_codes has unknown key(s) {', '.join(map(str, unknown))}; allowed: success, "
+                "retryable, non_retryable, unknown_commit, default"
+            )
+        try:
+            return ExitContract.from_json(value)
+        except (TypeError, ValueError) as exc:
+            raise DagDefinitionError(f"{where}: exit_codes: {exc}") from None
+    raise DagDefinitionError(
+        f'{where}: exit_codes must be an ExitContract, "standard" or a mapping of code lists, got {value!r}'
     )
 
 

@@ -53,6 +53,7 @@ class TaskNode:
             has_on_dead_letter=s.on_dead_letter is not None,
             outlets=s.outlets,
             doc=self.doc,
+            exit_contract=s.exit_contract,
         )
 
 

@@ -1,5 +1,6 @@
-"""`treadle tasks test` (run one task in this process, recording nothing) and `treadle tasks
-clear` (run finished tasks of a run again)."""
+"""`treadle tasks test` (run one task in this process, recording nothing), `treadle tasks clear`
+(run finished tasks of a run again), and `treadle tasks inspection` / `resolve` (task instances
+whose attempt ended with an unknown commit)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import click
 from treadle.authoring.context import TaskContext
 from treadle.authoring.loader import load_folder
 from treadle.cli.main import Context, cli, identity, pass_context
-from treadle.cli.render import emit_json
+from treadle.cli.render import emit_json, fmt_time, table
+from treadle.engine import inspection
 from treadle.engine.clearing import clear_tasks
 from treadle.errors import DagNotFound, InvalidRequest
 
@@ -107,3 +109,66 @@ def clear_cmd(
         emit_json(report)
         return
     click.echo(f"cleared {len(report.cleared)} task(s) of run {run_id}: {', '.join(report.cleared)}")
+
+
+@tasks_group.command("inspection")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def inspection_cmd(ctx: Context, as_json: bool) -> None:
+    """List task instances that need inspection (an attempt ended with an unknown commit)."""
+    found = inspection.list_needs_inspection(ctx.db)
+    if as_json:
+        emit_json(found)
+        return
+    table(
+        "Needs inspection (resolve with `treadle tasks resolve RUN_ID TASK_ID --as ... --reason ...`)",
+        ["run", "task", "attempt", "exit code", "error", "since"],
+        [
+            (
+                i.task_instance.run_id,
+                i.task_instance.task_id,
+                i.task_instance.attempt,
+                ""
+                if i.last_attempt is None or i.last_attempt.exit_code is None
+                else i.last_attempt.exit_code,
+                f"{i.last_attempt.error_type}: {i.last_attempt.error_message}"[:100]
+                if i.last_attempt
+                else "",
+                fmt_time(i.task_instance.ended_at),
+            )
+            for i in found
+        ],
+    )
+
+
+@tasks_group.command("resolve")
+@click.argument("run_id")
+@click.argument("task_id")
+@click.option(
+    "--as",
+    "resolution",
+    required=True,
+    type=click.Choice([r.value for r in inspection.Resolution]),
+    help="success: the output is complete, go on; failed: dead-letter it; requeue: run it again.",
+)
+@click.option("--reason", required=True, help="What the inspection found (required; kept in the audit log).")
+@click.option("--map-index", type=int, default=-1, show_default=True, help="Map index of a mapped task.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def resolve_cmd(
+    ctx: Context, run_id: str, task_id: str, resolution: str, reason: str, map_index: int, as_json: bool
+) -> None:
+    """Resolve TASK_ID of RUN_ID, which needs inspection after an unknown commit (audited)."""
+    updated = inspection.resolve(
+        ctx.db,
+        run_id,
+        task_id,
+        resolution=inspection.Resolution(resolution),
+        reason=reason,
+        actor=identity(),
+        map_index=map_index,
+    )
+    if as_json:
+        emit_json(updated)
+        return
+    click.echo(f"resolved {task_id} of run {run_id} as {resolution}: now {updated.state}")

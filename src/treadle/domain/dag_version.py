@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from treadle.domain.exit_codes import ExitContract
 from treadle.domain.graph import downstream_map, transitive_downstream
 from treadle.domain.retry import RetryPolicy
 from treadle.domain.timetable import ScheduleSpec
@@ -58,10 +59,18 @@ class TaskDef:
     #: Datasets the task produces (an event on each at every success).
     outlets: tuple[str, ...] = ()
     doc: str = ""
+    #: What each exit code means (written only when not the default, as every later field).
+    exit_contract: ExitContract = field(default_factory=ExitContract)
 
     def to_json(self) -> dict[str, JSON]:
         """Return the JSON form."""
         r = self.retry
+        data = self._base_json(r)
+        if not self.exit_contract.is_default:
+            data["exit_contract"] = self.exit_contract.to_json()
+        return data
+
+    def _base_json(self, r: RetryPolicy) -> dict[str, JSON]:
         return {
             "task_id": self.task_id,
             "upstream": list(self.upstream),
@@ -109,6 +118,9 @@ class TaskDef:
             has_on_dead_letter=bool(data.get("has_on_dead_letter", False)),
             outlets=tuple(data.get("outlets", ())),
             doc=data.get("doc", ""),
+            exit_contract=ExitContract.from_json(data["exit_contract"])
+            if "exit_contract" in data
+            else ExitContract(),
         )
 
 

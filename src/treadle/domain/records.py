@@ -192,6 +192,24 @@ class AttemptError:
     traceback: str = ""
     frame: str = ""
     retryable: bool = True
+    #: The job may have committed part of its output: the instance waits for an operator.
+    unknown_commit: bool = False
+    #: The program's exit code (or the code a Python task's exception stands for).
+    exit_code: int | None = None
+    #: sha256 of the DAG file that ran (None when the attempt never reached user code).
+    code_version: str | None = None
+    #: Structured outputs the attempt left before failing (Any: JSON), by name.
+    outputs: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptDetails:
+    """What a successful attempt reports besides its result."""
+
+    exit_code: int | None = None
+    code_version: str | None = None
+    #: Structured outputs by name (Any: JSON).
+    outputs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

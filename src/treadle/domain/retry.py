@@ -108,8 +108,17 @@ def plan_failure(
 ) -> FailurePlan:
     """Decide the next state of a task instance whose attempt ended `outcome` at `now`.
 
-    `orphaned_count` counts earlier lost attempts only; a `lost` outcome adds this one.
+    `orphaned_count` counts earlier lost attempts only; a `lost` outcome adds this one. An
+    `unknown_commit` attempt is never retried: it waits for an operator in
+    `needs_inspection` (whatever its budget: retrying could write the output twice).
     """
+    if outcome is AttemptOutcome.UNKNOWN_COMMIT:
+        return FailurePlan(
+            decision=RetryDecision(retry=False),
+            state=TaskState.NEEDS_INSPECTION,
+            next_attempt_at=None,
+            orphaned=False,
+        )
     lost = outcome is AttemptOutcome.LOST
     decision = decide_retry(
         policy,

@@ -12,6 +12,9 @@ class TaskState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     RETRY_WAIT = "retry_wait"
+    #: The attempt may have committed part of its output (unknown commit): never retried
+    #: automatically; blocks its downstream and holds the run open until an operator resolves it.
+    NEEDS_INSPECTION = "needs_inspection"
     SUCCESS = "success"
     DEAD_LETTER = "dead_letter"
     UPSTREAM_FAILED = "upstream_failed"
@@ -63,6 +66,8 @@ class AttemptOutcome(StrEnum):
     DISPATCH_TIMEOUT = "dispatch_timeout"
     CANCELLED = "cancelled"
     REJECTED = "rejected"
+    #: The job may have committed part of its output (exit code 60 by the standard contract).
+    UNKNOWN_COMMIT = "unknown_commit"
 
 
 class DeadLetterReason(StrEnum):
@@ -71,3 +76,5 @@ class DeadLetterReason(StrEnum):
     RETRIES_EXHAUSTED = "retries_exhausted"
     POISON = "poison"
     NON_RETRYABLE = "non_retryable"
+    #: An operator resolved a needs_inspection instance as failed.
+    RESOLVED_FAILED = "resolved_failed"

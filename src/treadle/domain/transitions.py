@@ -31,6 +31,7 @@ class UseCase(StrEnum):
     CANCEL = "cancel"
     CLOSE = "close"
     REOPEN = "reopen"
+    RESOLVE = "resolve"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class Transition:
 _T, _R = TaskState, RunState
 _RETRY_OR_DEAD = (_T.RETRY_WAIT, _T.DEAD_LETTER)
 _CLEARABLE = (_T.SUCCESS, _T.DEAD_LETTER, _T.UPSTREAM_FAILED, _T.CANCELLED, _T.SKIPPED, _T.PENDING)
-_ACTIVE = (_T.PENDING, _T.QUEUED, _T.RUNNING, _T.RETRY_WAIT)
+_ACTIVE = (_T.PENDING, _T.QUEUED, _T.RUNNING, _T.RETRY_WAIT, _T.NEEDS_INSPECTION)
 
 
 def _edges(
@@ -62,6 +63,18 @@ TASK_TRANSITIONS: tuple[Transition, ...] = (
     *_edges((_T.PENDING,), (_T.QUEUED,), UseCase.READY, "its last upstream succeeded"),
     *_edges((_T.RUNNING,), (_T.SUCCESS,), UseCase.COMPLETE, "the worker holding the attempt reports success"),
     *_edges((_T.RUNNING,), _RETRY_OR_DEAD, UseCase.FAIL, "the worker holding the attempt reports a failure"),
+    *_edges(
+        (_T.RUNNING,),
+        (_T.NEEDS_INSPECTION,),
+        UseCase.FAIL,
+        "the attempt ended with an unknown commit (its output may be partly written)",
+    ),
+    *_edges(
+        (_T.NEEDS_INSPECTION,),
+        (_T.SUCCESS, _T.DEAD_LETTER, _T.QUEUED),
+        UseCase.RESOLVE,
+        "an operator inspected the output and resolved it (success, failed or requeue)",
+    ),
     *_edges((_T.RUNNING,), _RETRY_OR_DEAD, UseCase.REAP_LOST, "its lease expired: the worker died (lost)"),
     *_edges((_T.RUNNING,), _RETRY_OR_DEAD, UseCase.REAP_TIMEOUT, "its execution deadline passed unenforced"),
     *_edges((_T.QUEUED,), _RETRY_OR_DEAD, UseCase.DISPATCH_TIMEOUT, "no worker took it before its deadline"),

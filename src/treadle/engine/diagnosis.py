@@ -140,6 +140,16 @@ def _explain(
         error = f" after attempt {last.attempt} ended {last.outcome}: {last.error_type}" if last else ""
         until = t.next_attempt_at.isoformat() if t.next_attempt_at else "?"
         return waiting(f"retry wait until {until}{error}")
+    if t.state == TaskState.NEEDS_INSPECTION.value:
+        last = attempt_store.last_attempts(conn, [t.id]).get(t.id)
+        code = f" with exit code {last.exit_code}" if last and last.exit_code is not None else ""
+        error = f": {last.error_type}: {(last.error_message or '')[:200]}" if last else ""
+        return waiting(
+            f"needs inspection: attempt {t.attempt} ended with an unknown commit{code}{error}; its output "
+            "may be partly written, so it is never retried automatically. Inspect the output, then "
+            f"`treadle tasks resolve {t.run_id} {t.task_id} --as success|failed|requeue --reason TEXT`",
+            ("an operator",),
+        )
     if t.state == TaskState.RUNNING.value:
         lease = t.lease_expires_at.isoformat() if t.lease_expires_at else "?"
         return waiting(

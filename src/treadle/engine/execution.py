@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.fingerprint import fingerprint
-from treadle.domain.records import AttemptError, AttemptRow, ClaimedTask, RunInfo
+from treadle.domain.records import AttemptDetails, AttemptError, AttemptRow, ClaimedTask, RunInfo
 from treadle.domain.retry import FailurePlan, RetryDecision, plan_failure
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import ending_use_case
@@ -165,8 +165,8 @@ def work_cycle(
         # buffer): its attempt row takes the start time just written.
         begun = {(t.task_instance_id, t.attempt): t for t in started if t is not None}
         items = [
-            (begun.get((t.task_instance_id, t.attempt), t) if t.started_at is None else t, v, o)
-            for t, v, o in (_unpack(d) for d in successes)
+            (begun.get((t.task_instance_id, t.attempt), t) if t.started_at is None else t, v, o, x)
+            for t, v, o, x in (_unpack(d) for d in successes)
         ]
         done = _complete_in(db, conn, items, worker_id=worker_id, hostname=hostname, defer_notify=True)
         claimed = _claim_in(
@@ -257,14 +257,23 @@ def _runs(db: Database, conn: Connection, run_ids: set[str]) -> dict[str, RunInf
     return {r: cache[r] for r in run_ids}
 
 
-#: One success to record: (attempt, result) or (attempt, result, outlet annotations by dataset).
-Success = tuple[ClaimedTask, Any] | tuple[ClaimedTask, Any, Mapping[str, OutletEvent]]
+#: One success to record: (attempt, result), optionally with its outlet annotations by dataset
+#: and what it reported besides (exit code, code version, structured outputs).
+Success = (
+    tuple[ClaimedTask, Any]
+    | tuple[ClaimedTask, Any, Mapping[str, OutletEvent]]
+    | tuple[ClaimedTask, Any, Mapping[str, OutletEvent], AttemptDetails]
+)
+_Item = tuple[ClaimedTask, Any, Mapping[str, OutletEvent], AttemptDetails]
+_NO_DETAILS = AttemptDetails()
 
 
-def _unpack(item: Success) -> tuple[ClaimedTask, Any, Mapping[str, OutletEvent]]:
-    if len(item) == 3:
+def _unpack(item: Success) -> _Item:
+    if len(item) == 4:
         return item
-    return item[0], item[1], {}
+    if len(item) == 3:
+        return item[0], item[1], item[2], _NO_DETAILS
+    return item[0], item[1], {}, _NO_DETAILS
 
 
 def complete_attempts(
@@ -299,7 +308,7 @@ class _Completed:
 def _complete_in(
     db: Database,
     conn: Connection,
-    items: list[tuple[ClaimedTask, Any, Mapping[str, OutletEvent]]],
+    items: list[_Item],
     *,
     worker_id: str,
     hostname: str,
@@ -311,18 +320,22 @@ def _complete_in(
     now = dialects.statement_clock(conn)
     ended = ti_store.end_running_many(
         conn,
-        held=[(t.task_instance_id, t.attempt) for t, _, _ in items],
+        held=[(t.task_instance_id, t.attempt) for t, _, _, _ in items],
         new_state=TaskState.SUCCESS,
         worker_id=worker_id,
         now=now,
     )
     applied = []
-    for task, value, outlet_events in items:
+    for task, value, outlet_events, details in items:
         ended_at = ended.get((task.task_instance_id, task.attempt))
         if ended_at is None:
             _discard(conn, task, "success")
         else:
-            applied.append(_Applied(task=task, value=value, outlet_events=outlet_events, ended_at=ended_at))
+            applied.append(
+                _Applied(
+                    task=task, value=value, outlet_events=outlet_events, ended_at=ended_at, details=details
+                )
+            )
     events = _record_successes(db, conn, applied, worker_id=worker_id, hostname=hostname)
     increments, touched = _downstream_effects(db, conn, applied)
     readied_queues: set[str] = set()
@@ -340,7 +353,7 @@ def _complete_in(
     # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
     record_outlet_events(conn, events)
     return _Completed(
-        endings=[Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _ in items],
+        endings=[Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _, _ in items],
         readied_queues=frozenset(readied_queues),
         values={(a.task.run_id, a.task.task_id): a.value for a in applied},
     )
@@ -354,6 +367,7 @@ class _Applied:
     value: Any  # Any: the task's JSON result
     outlet_events: Mapping[str, OutletEvent]
     ended_at: datetime
+    details: AttemptDetails = _NO_DETAILS
 
 
 def _record_successes(
@@ -366,7 +380,12 @@ def _record_successes(
         task = a.task
         attempts.append(
             _attempt_row(
-                task, outcome=AttemptOutcome.SUCCESS, now=a.ended_at, worker_id=worker_id, hostname=hostname
+                task,
+                outcome=AttemptOutcome.SUCCESS,
+                now=a.ended_at,
+                worker_id=worker_id,
+                hostname=hostname,
+                details=a.details,
             )
         )
         outlets = version_of(db, conn, task.dag_version_id).structure.tasks[task.task_id].outlets
@@ -408,11 +427,16 @@ def complete_attempt(
     hostname: str,
     value: Any,
     outlet_events: Mapping[str, OutletEvent] | None = None,
+    details: AttemptDetails | None = None,
 ) -> Ending:
     """Record success, store the result, record outlet events and ready the downstream, all in
-    one transaction. `outlet_events` are the task's annotations (version, metadata) by dataset."""
+    one transaction. `outlet_events` are the task's annotations (version, metadata) by dataset;
+    `details` what the attempt reported besides (exit code, code version, outputs)."""
     return complete_attempts(
-        db, [(task, value, outlet_events or {})], worker_id=worker_id, hostname=hostname
+        db,
+        [(task, value, outlet_events or {}, details or _NO_DETAILS)],
+        worker_id=worker_id,
+        hostname=hostname,
     )[0]
 
 
@@ -582,7 +606,13 @@ def extend_leases(
 
 
 def _attempt_row(
-    task: ClaimedTask, *, outcome: AttemptOutcome, now: datetime, worker_id: str, hostname: str
+    task: ClaimedTask,
+    *,
+    outcome: AttemptOutcome,
+    now: datetime,
+    worker_id: str,
+    hostname: str,
+    details: AttemptDetails = _NO_DETAILS,
 ) -> dict[str, Any]:
     """Columns of the `task_attempts` row of a successful attempt."""
     return {
@@ -602,6 +632,9 @@ def _attempt_row(
         "ended_at": now,
         "duration_s": max((now - task.started_at).total_seconds(), 0.0) if task.started_at else None,
         "retry_delay_s": None,
+        "exit_code": details.exit_code,
+        "code_version": details.code_version,
+        "outputs": details.outputs,
     }
 
 
@@ -639,6 +672,9 @@ def insert_attempt_record(
         if started and task.started_at is not None
         else None,
         retry_delay_s=retry_delay_s,
+        exit_code=error.exit_code if error else None,
+        code_version=error.code_version if error else None,
+        outputs=error.outputs if error else None,
     )
 
 

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from treadle.domain.records import AttemptRow, QueueFacts, TaskInstanceInfo
-from treadle.domain.states import TaskState
+from treadle.domain.states import DeadLetterReason, TaskState
 from treadle.domain.transitions import UseCase, task_sources
 from treadle.store import dialects, limits
 from treadle.store.limits import Candidate, Exclusions
@@ -604,11 +604,32 @@ def reset_to_pending(conn: Connection, *, run_id: str, task_ids: list[str]) -> i
     return int(result.rowcount)
 
 
-def requeue_dead_letter(conn: Connection, *, task_instance_id: int, now: datetime) -> bool:
-    """dead_letter -> queued with a fresh retry budget; False if it is no longer a dead letter."""
+def resolve_inspection(
+    conn: Connection, *, task_instance_id: int, attempt: int, new_state: TaskState, now: datetime
+) -> bool:
+    """needs_inspection -> success or dead_letter (resolved by an operator) for the attempt that
+    asked for inspection; False if the instance moved meanwhile."""
+    reason = DeadLetterReason.RESOLVED_FAILED.value if new_state is TaskState.DEAD_LETTER else None
     result = conn.execute(
         sa.update(ti)
-        .where(ti.c.id == task_instance_id, ti.c.state.in_(task_sources(UseCase.REQUEUE, TaskState.QUEUED)))
+        .where(
+            ti.c.id == task_instance_id,
+            ti.c.attempt == attempt,
+            ti.c.state.in_(task_sources(UseCase.RESOLVE, new_state)),
+        )
+        .values(state=new_state.value, ended_at=now, dead_letter_reason=reason)
+    )
+    return bool(result.rowcount)
+
+
+def requeue_dead_letter(
+    conn: Connection, *, task_instance_id: int, now: datetime, by: UseCase = UseCase.REQUEUE
+) -> bool:
+    """dead_letter -> queued with a fresh retry budget (or, `by` RESOLVE, needs_inspection ->
+    queued); False if it is no longer in a state `by` moves."""
+    result = conn.execute(
+        sa.update(ti)
+        .where(ti.c.id == task_instance_id, ti.c.state.in_(task_sources(by, TaskState.QUEUED)))
         .values(
             state=TaskState.QUEUED.value,
             queued_at=now,
@@ -716,6 +737,29 @@ def list_dead_letters(conn: Connection, *, limit: int) -> list[TaskInstanceInfo]
         sa.select(*_INFO_COLUMNS)
         .where(ti.c.state == TaskState.DEAD_LETTER.value)
         .order_by(ti.c.ended_at.desc())
+        .limit(limit)
+    )
+    return [TaskInstanceInfo(**r._mapping) for r in rows]
+
+
+def find_task_instance(
+    conn: Connection, *, run_id: str, task_id: str, map_index: int = -1
+) -> TaskInstanceInfo | None:
+    """Return the task instance of a run's task (and map index), or None."""
+    row = conn.execute(
+        sa.select(*_INFO_COLUMNS).where(
+            ti.c.run_id == run_id, ti.c.task_id == task_id, ti.c.map_index == map_index
+        )
+    ).first()
+    return TaskInstanceInfo(**row._mapping) if row else None
+
+
+def list_in_state(conn: Connection, state: TaskState, *, limit: int) -> list[TaskInstanceInfo]:
+    """Return task instances in one state, the longest there first (by when their attempt ended)."""
+    rows = conn.execute(
+        sa.select(*_INFO_COLUMNS)
+        .where(ti.c.state == state.value)
+        .order_by(ti.c.ended_at, ti.c.id)
         .limit(limit)
     )
     return [TaskInstanceInfo(**r._mapping) for r in rows]

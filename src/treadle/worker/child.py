@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -23,7 +24,9 @@ from typing import Any
 
 from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
 from treadle.authoring.loader import folder_signature, load_file
+from treadle.authoring.outcomes import PYTHON_FAILURE_EXIT_CODE, TaskOutcome
 from treadle.authoring.specs import Dag
+from treadle.domain.exit_codes import Disposition, ExitContract
 from treadle.worker.containment import become_subreaper, kill_stray_processes
 from treadle.worker.protocol import Message, error_message, receive, send
 
@@ -58,7 +61,17 @@ class DagCache:
         #: DAGs built by each imported file, and the (mtime_ns, size) it had when imported.
         self.by_file: dict[str, list[Dag]] = {}
         self.stats: dict[str, tuple[int, int]] = {}
+        #: sha256 of each imported file, taken when it was imported (the code version that runs).
+        self.file_hashes: dict[str, str] = {}
         self.reload_all()
+
+    def _load(self, path: str) -> list[Dag]:
+        self.file_hashes[path] = file_hash(path)
+        return load_file(Path(path), time_limit_s=self.file_limit_s)[0]
+
+    def code_version(self, dag: Dag) -> str | None:
+        """sha256 of the file the DAG was imported from, as it was when imported."""
+        return self.file_hashes.get(dag.fileloc)
 
     def reload_all(self) -> None:
         """Import the whole folder (but the files in `skip`)."""
@@ -83,7 +96,7 @@ class DagCache:
                 continue
             if self.on_file is not None:
                 self.on_file(path)
-            self.by_file[path] = load_file(Path(path), time_limit_s=self.file_limit_s)[0]
+            self.by_file[path] = self._load(path)
             imported.append(path)
         self.stats = {p: s for p, s in current.items() if p in self.by_file}
         self.skip = skip
@@ -100,7 +113,7 @@ class DagCache:
         if self.hashes.get(dag_id) != version_hash:
             current = self.dags.get(dag_id)
             if current is not None and current.fileloc:
-                for d in load_file(Path(current.fileloc), time_limit_s=self.file_limit_s)[0]:
+                for d in self._load(current.fileloc):
                     self.dags[d.dag_id] = d
                     self.hashes[d.dag_id] = d.structure().content_hash()
             if self.hashes.get(dag_id) != version_hash:
@@ -109,6 +122,14 @@ class DagCache:
         if found is None:
             raise LookupError(f"DAG {dag_id!r} is not defined in {self.folder}")
         return found
+
+
+def file_hash(path: str) -> str:
+    """sha256 of a file's bytes ("" when it cannot be read)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
 
 
 def _context(msg: Message, manifest_path: str | None) -> TaskContext:
@@ -158,19 +179,39 @@ def run_task(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message
         dag = cache.get(msg["dag_id"], msg["version_hash"])
     except Exception as exc:
         return {"ok": False, **error_message(exc, user_roots=roots)}
-    return call_task(dag, msg, max_result_bytes=max_result_bytes, user_roots=roots)
+    return call_task(
+        dag, msg, max_result_bytes=max_result_bytes, user_roots=roots, code_version=cache.code_version(dag)
+    )
 
 
-def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tuple[str, ...]) -> Message:
+def call_task(
+    dag: Dag,
+    msg: Message,
+    *,
+    max_result_bytes: int,
+    user_roots: tuple[str, ...],
+    code_version: str | None = None,
+) -> Message:
     """Run one task callable; return {"ok": True, "value": ...} or an error description.
 
-    A success reply also carries "outlet_events" (dataset -> {"version", "metadata"}) when the
-    task annotated its outlet events through `context.outlet_event`.
+    Every reply carries "exit_code" and "code_version" (sha256 of the DAG file that ran; taken
+    from the file when not given). A failure carries its "disposition" under the exit-code
+    contract: a `TaskOutcome` exception says it; `sys.exit(code)` is classified by the task's
+    contract (exit 0 is a success with no result); any other exception is retryable. A success
+    reply also carries "outlet_events" (dataset -> {"version", "metadata"}) when the task
+    annotated its outlet events through `context.outlet_event`.
     """
+    reply = _call_task(dag, msg, max_result_bytes=max_result_bytes, user_roots=user_roots)
+    reply.setdefault("exit_code", 0 if reply.get("ok") else PYTHON_FAILURE_EXIT_CODE)
+    reply["code_version"] = code_version if code_version is not None else file_hash(dag.fileloc) or None
+    return reply
+
+
+def _call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tuple[str, ...]) -> Message:
     roots = user_roots
     context: TaskContext | None = None
+    node = dag.tasks.get(msg["task_id"])
     try:
-        node = dag.tasks.get(msg["task_id"])
         if node is None:
             raise LookupError(f"task {msg['task_id']!r} is not defined in DAG {dag.dag_id!r}")
         kwargs: dict[str, Any] = dict(msg.get("kwargs") or {})
@@ -179,9 +220,33 @@ def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tupl
                 context = _context(msg, manifest_path)
                 kwargs["context"] = context
             value = node.fn(*(msg.get("args") or []), **kwargs)
+    except TaskOutcome as exc:
+        return {
+            "ok": False,
+            **error_message(exc, user_roots=roots),
+            "disposition": exc.disposition.value,
+            "retryable": exc.disposition is Disposition.RETRYABLE,
+            "exit_code": exc.exit_code,
+        }
+    except SystemExit as exc:  # ends the attempt, not the child: classified by the contract
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        contract = node.settings.exit_contract if node is not None else ExitContract()
+        disposition = contract.classify(code)
+        if disposition is Disposition.SUCCESS:
+            value = None
+        else:
+            return {
+                "ok": False,
+                **error_message(exc, user_roots=roots),
+                "message": f"the task called sys.exit({exc.code!r}): {disposition.value.replace('_', ' ')} "
+                f"under its exit-code contract ({contract.describe()})",
+                "disposition": disposition.value,
+                "retryable": disposition is Disposition.RETRYABLE,
+                "exit_code": code,
+            }
     except Exception as exc:
         return {"ok": False, **error_message(exc, user_roots=roots)}
-    except BaseException as exc:  # SystemExit from user code ends the attempt, not the child
+    except BaseException as exc:  # e.g. KeyboardInterrupt raised by user code
         return {"ok": False, **error_message(exc, user_roots=roots)}
     try:
         # Strict JSON (no NaN/Infinity): what every backend stores and every reader parses.
@@ -233,6 +298,7 @@ def _not_retryable(error_type: str, message: str) -> Message:
         "message": message,
         "traceback": "",
         "retryable": False,
+        "disposition": Disposition.NON_RETRYABLE.value,
     }
 
 

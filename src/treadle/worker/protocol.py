@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from treadle.domain.dag_version import ArgRef, DagVersion
-from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.exit_codes import Disposition
+from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 
 #: Any: messages are JSON objects.
 Message = dict[str, Any]
@@ -41,14 +42,43 @@ def error_message(exc: BaseException, *, user_roots: tuple[str, ...]) -> Message
 
 
 def to_attempt_error(data: Message) -> AttemptError:
-    """Build the domain error from a child's error message."""
+    """Build the domain error from a child's error message.
+
+    A reply classifies its failure with "disposition" (retryable, non_retryable,
+    unknown_commit); the older "retryable" flag is read when it has none.
+    """
+    disposition = data.get("disposition")
+    if disposition is None:
+        disposition = Disposition.RETRYABLE if data.get("retryable", True) else Disposition.NON_RETRYABLE
     return AttemptError(
         error_type=str(data.get("error_type", "Error")),
         message=str(data.get("message", "")),
         traceback=str(data.get("traceback", "")),
         frame=str(data.get("frame", "")),
-        retryable=bool(data.get("retryable", True)),
+        retryable=disposition == Disposition.RETRYABLE,
+        unknown_commit=disposition == Disposition.UNKNOWN_COMMIT,
+        exit_code=_int_or_none(data.get("exit_code")),
+        code_version=_str_or_none(data.get("code_version")),
+        outputs=data["outputs"] if isinstance(data.get("outputs"), dict) and data["outputs"] else None,
     )
+
+
+def to_attempt_details(data: Message) -> AttemptDetails:
+    """What a child's success reply says besides the result."""
+    outputs = data.get("outputs")
+    return AttemptDetails(
+        exit_code=_int_or_none(data.get("exit_code")),
+        code_version=_str_or_none(data.get("code_version")),
+        outputs=outputs if isinstance(outputs, dict) and outputs else None,
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value[:64] if isinstance(value, str) and value else None
 
 
 def run_message(task: ClaimedTask, version: DagVersion) -> Message:

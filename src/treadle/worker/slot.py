@@ -10,13 +10,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.domain.dag_version import DagVersion
-from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.datasets import OutletEvent, parse_outlet_events
 from treadle.engine.execution import Ending, complete_attempt, fail_attempt
 from treadle.store.database import Database
 from treadle.worker.child_process import ChildImports, ChildProcess
-from treadle.worker.protocol import Message, receive, run_message, send, to_attempt_error
+from treadle.worker.protocol import (
+    Message,
+    receive,
+    run_message,
+    send,
+    to_attempt_details,
+    to_attempt_error,
+)
 
 log = logging.getLogger("treadle.worker")
 #: Longest pause between two tries to record a held outcome (seconds).
@@ -54,7 +61,7 @@ class Slot(threading.Thread):
         on_idle: Callable[[Slot], None],
         on_fenced: Callable[[ClaimedTask, float], None] | None = None,
         take_next: Callable[[Slot], ClaimedTask | None] | None = None,
-        submit: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent]], None] | None = None,
+        submit: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent], AttemptDetails], None] | None = None,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
         self.db, self.worker_id, self.hostname = db, worker_id, hostname
@@ -177,10 +184,12 @@ class Slot(threading.Thread):
                 outcome = _invalid_outlet_events(str(exc))
             else:
                 # A lost attempt's report is discarded there.
-                self.submit(current.task, outcome.get("value"), annotations)
+                self.submit(current.task, outcome.get("value"), annotations, to_attempt_details(outcome))
                 return
-        kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
         error = to_attempt_error(outcome)
+        kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
+        if error.unknown_commit and kind is AttemptOutcome.FAILED:
+            kind = AttemptOutcome.UNKNOWN_COMMIT
         if not self._await_confirmation(current):
             return  # the start was refused (revoked): the attempt is not this worker's to end
         task = current.task
@@ -239,12 +248,20 @@ class Slot(threading.Thread):
             return ending
 
     def _complete_alone(
-        self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]
+        self,
+        task: ClaimedTask,
+        value: Any,
+        outlet_events: Mapping[str, OutletEvent],
+        details: AttemptDetails,
     ) -> None:
-        self._record(task, lambda: self._write_success(task, value, outlet_events))
+        self._record(task, lambda: self._write_success(task, value, outlet_events, details))
 
     def _write_success(
-        self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]
+        self,
+        task: ClaimedTask,
+        value: Any,
+        outlet_events: Mapping[str, OutletEvent],
+        details: AttemptDetails,
     ) -> Ending:
         return complete_attempt(
             self.db,
@@ -253,6 +270,7 @@ class Slot(threading.Thread):
             hostname=self.hostname,
             value=value,
             outlet_events=outlet_events,
+            details=details,
         )
 
     def _exchange(self, message: Message, deadline: float | None, current: Running) -> Message | None:

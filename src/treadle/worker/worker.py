@@ -21,7 +21,7 @@ from typing import Any
 from treadle.authoring.loader import folder_signature
 from treadle.config import Settings
 from treadle.domain.dag_version import DagVersion
-from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.dags import SyncReport, sync_dags, version_of
 from treadle.engine.datasets import OutletEvent
@@ -407,11 +407,15 @@ class Worker:
         return (dataclasses.replace(task, started_at=at), *item[1:])
 
     def _submit_success(
-        self, task: ClaimedTask, value: Any, outlet_events: Mapping[str, OutletEvent]
+        self,
+        task: ClaimedTask,
+        value: Any,
+        outlet_events: Mapping[str, OutletEvent],
+        details: AttemptDetails,
     ) -> None:
         """A slot's attempt succeeded: the next pass records it (the slot is free at once)."""
         with self._buffer_lock:
-            self.unrecorded[(task.task_instance_id, task.attempt)] = (task, value, outlet_events)
+            self.unrecorded[(task.task_instance_id, task.attempt)] = (task, value, outlet_events, details)
         # No wake-up here: the slot next takes a buffered attempt or goes idle, and either wakes
         # the dispatch loop, which then sees the success and the free slot in one pass.
 

@@ -1,0 +1,153 @@
+"""Task instances that need inspection (an unknown commit): list them, and resolve one.
+
+An attempt that ends with an unknown commit (exit code 60 under the standard contract, or
+`UnknownCommit` raised by a Python task) may have written part of its output. Retrying could
+write it twice, and going on could publish half of it, so the instance waits in
+`needs_inspection`: it holds its run open and blocks its downstream until an operator looks at
+the output and resolves it, with a reason that the audit log keeps:
+
+- success: the output is complete; the downstream proceeds (no result is passed on), and the
+  task's outlets record their dataset events as a success would;
+- failed: the output is unusable; the instance is dead-lettered (`resolved_failed`) and its
+  downstream becomes upstream_failed, as for any dead letter;
+- requeue: run the task again, with a fresh retry budget (the job must be able to start over).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.records import AttemptInfo, TaskInstanceInfo
+from treadle.domain.states import TaskState
+from treadle.domain.transitions import UseCase
+from treadle.engine.dags import version_of
+from treadle.engine.datasets import record_outlet_events
+from treadle.engine.runs import close_run_if_done
+from treadle.errors import InvalidRequest, RunNotFound
+from treadle.store import attempts as attempt_store
+from treadle.store import audit, dialects
+from treadle.store import runs as run_store
+from treadle.store import task_instances as ti_store
+from treadle.store.database import Database, db_now
+
+
+class Resolution(StrEnum):
+    """How an operator resolves a task instance that needs inspection."""
+
+    SUCCESS = "success"
+    FAILED = "failed"
+    REQUEUE = "requeue"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Inspection:
+    """A task instance waiting for an operator, with the attempt that asked for it."""
+
+    task_instance: TaskInstanceInfo
+    last_attempt: AttemptInfo | None
+
+
+def list_needs_inspection(db: Database, *, limit: int = 1000) -> list[Inspection]:
+    """Task instances in needs_inspection, oldest first, each with its last attempt."""
+
+    def work(conn: Connection) -> list[Inspection]:
+        tis = ti_store.list_in_state(conn, TaskState.NEEDS_INSPECTION, limit=limit)
+        last = attempt_store.last_attempts(conn, [t.id for t in tis])
+        return [Inspection(task_instance=t, last_attempt=last.get(t.id)) for t in tis]
+
+    return db.query(work)
+
+
+def resolve(
+    db: Database,
+    run_id: str,
+    task_id: str,
+    *,
+    resolution: Resolution,
+    reason: str,
+    actor: str,
+    map_index: int = -1,
+) -> TaskInstanceInfo:
+    """Resolve a needs_inspection task instance (see the module docstring); audited.
+
+    Refused, naming the problem, when the reason is empty, the instance does not exist or is not
+    in needs_inspection. A resolution that makes work active again (success readying the
+    downstream, requeue) reopens nothing: the run never closed while the instance waited.
+    """
+    if not reason.strip():
+        raise InvalidRequest("a reason is required to resolve a task that needs inspection (--reason)")
+    resolution = Resolution(resolution)
+
+    def work(conn: Connection) -> TaskInstanceInfo:
+        run = run_store.get_run(conn, run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        found = ti_store.find_task_instance(conn, run_id=run_id, task_id=task_id, map_index=map_index)
+        if found is None:
+            raise InvalidRequest(f"run {run_id!r} has no task {task_id!r}")
+        if found.state != TaskState.NEEDS_INSPECTION.value:
+            raise InvalidRequest(
+                f"task {task_id!r} of run {run_id!r} is {found.state}, not needs_inspection: "
+                "nothing to resolve"
+            )
+        now = db_now(conn)
+        version = version_of(db, conn, run.dag_version_id)
+        if resolution is Resolution.REQUEUE:
+            moved = ti_store.requeue_dead_letter(conn, task_instance_id=found.id, now=now, by=UseCase.RESOLVE)
+        else:
+            target = TaskState.SUCCESS if resolution is Resolution.SUCCESS else TaskState.DEAD_LETTER
+            moved = ti_store.resolve_inspection(
+                conn, task_instance_id=found.id, attempt=found.attempt, new_state=target, now=now
+            )
+        if not moved:
+            raise InvalidRequest(
+                f"task {task_id!r} of run {run_id!r} changed while it was being resolved; nothing was applied"
+            )
+        if resolution is Resolution.REQUEUE:
+            dialects.notify_ready(conn)
+        elif resolution is Resolution.SUCCESS:
+            readied = ti_store.count_upstream_successes(
+                conn, increments={(run_id, d): 1 for d in version.downstream[task_id]}, now=now
+            )
+            outlets = version.structure.tasks[task_id].outlets
+            if run.mode != "shadow" and outlets:
+                record_outlet_events(
+                    conn,
+                    [
+                        {
+                            "dataset": name,
+                            "run_id": run_id,
+                            "dag_id": found.dag_id,
+                            "task_id": task_id,
+                            "version": None,
+                            "extra": {"resolved_by": actor, "reason": reason.strip()[:500]},
+                            "created_at": now,
+                        }
+                        for name in outlets
+                    ],
+                )
+            if readied:
+                dialects.notify_ready(conn)
+            else:
+                close_run_if_done(conn, run_id)
+        else:
+            ti_store.mark_upstream_failed(
+                conn, run_id=run_id, now=now, task_ids=version.all_downstream(task_id)
+            )
+            close_run_if_done(conn, run_id)
+        audit.record(
+            conn,
+            at=now,
+            actor=actor,
+            action="task.resolve",
+            target=f"{run_id}/{task_id}" + (f"[{map_index}]" if map_index >= 0 else ""),
+            details={"as": resolution.value, "reason": reason.strip(), "attempt": found.attempt},
+        )
+        updated = ti_store.get_task_instance(conn, found.id)
+        assert updated is not None
+        return updated
+
+    return db.transact(work)
