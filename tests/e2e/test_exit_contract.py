@@ -101,7 +101,7 @@ def test_exit_codes_outcomes_and_resolution_through_a_worker(
     states = {t.task_id: t.state for t in final.task_instances}
     assert (states["load"], states["publish"]) == ("success", "success")
     assert final.results["publish"] == 42
-    success = [a for a in final.attempts if a.task_id == "publish"][0]
+    success = next(a for a in final.attempts if a.task_id == "publish")
     assert (success.exit_code, success.code_version) == (0, code_version)
     with c.db.read() as conn:
         [entry] = conn.execute(sa.select(audit_log).where(audit_log.c.action == "task.resolve")).all()

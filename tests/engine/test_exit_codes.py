@@ -60,7 +60,7 @@ def test_python_exceptions_follow_the_contract(
         assert [a.outcome for a in result.attempt_history] == outcomes
         assert [a.exit_code for a in result.attempt_history] == codes
         assert {a.code_version for a in result.attempt_history} == {THIS_FILE_HASH}
-        [ti] = [t for t in _instances(runner, result.run.run_id)]
+        [ti] = _instances(runner, result.run.run_id)
         assert ti.dead_letter_reason == reason
     finally:
         runner.close()
@@ -225,11 +225,11 @@ def test_exit_contracts_validate_and_classify() -> None:
     assert ExitContract.from_json(strict.to_json()) == strict
     with pytest.raises(ValueError, match="both success and retryable"):
         ExitContract.of(retryable=[0])
-    with pytest.raises(ValueError, match="0..255"):
+    with pytest.raises(ValueError, match=r"0\.\.255"):
         ExitContract.of(unknown_commit=[300])
     with pytest.raises(ValueError, match="default must be one of"):
         ExitContract.of(default="maybe")
-    with pytest.raises(ValueError, match="1..255"):
+    with pytest.raises(ValueError, match=r"1\.\.255"):
         Retryable("x", exit_code=0)
 
 
