@@ -227,6 +227,7 @@ def _call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tup
             "disposition": exc.disposition.value,
             "retryable": exc.disposition is Disposition.RETRYABLE,
             "exit_code": exc.exit_code,
+            **({"outputs": _json_outputs(exc.outputs)} if exc.outputs else {}),
         }
     except SystemExit as exc:  # ends the attempt, not the child: classified by the contract
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -268,6 +269,14 @@ def _call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tup
             return problem
         reply["outlet_events"] = context.outlet_events
     return reply
+
+
+def _json_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """Outputs an exception carried, as strict JSON (what is not is replaced by its repr)."""
+    try:
+        return dict(json.loads(json.dumps(outputs, allow_nan=False, default=repr)))
+    except (TypeError, ValueError):
+        return {"unserializable": repr(outputs)[:2000]}
 
 
 def _outlet_events_problem(events: dict[str, dict[str, Any]]) -> Message | None:
