@@ -49,6 +49,8 @@ class Settings:
     backfill_max_span_days: float = 366.0
     #: Longest a DAG file may take to import; past it the file is a load error.
     dag_import_timeout_s: float = 30.0
+    #: Where artifacts live (an fsspec URL); None: the local disk under `home`.
+    artifacts_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -67,13 +69,22 @@ class Settings:
             lease_s = numbers.get("scheduler_lease_s", DEFAULT_SCHEDULER_LEASE_S)
             short = lease_s <= DEFAULT_MAX_CLOCK_SKEW_S
             numbers["max_clock_skew_s"] = lease_s / 2 if short else DEFAULT_MAX_CLOCK_SKEW_S
-        settings = cls(home=home, database_url=url, dags_folder=folder, **numbers)
+        artifacts_url = env.get("TREADLE_ARTIFACTS_URL") or None
+        settings = cls(
+            home=home, database_url=url, dags_folder=folder, artifacts_url=artifacts_url, **numbers
+        )
         settings.validate()
         return settings
 
     def validate(self) -> None:
         """Raise ConfigError naming the first invalid or inconsistent setting."""
         parse_database_url(self.database_url)
+        if self.artifacts_url is not None:
+            from treadle.authoring.artifacts import check_artifacts_url
+
+            problem = check_artifacts_url(self.artifacts_url)
+            if problem is not None:
+                raise ConfigError(problem)
         for spec in NUMERIC_SETTINGS:
             spec.check(getattr(self, spec.field))
         if self.heartbeat_s * 3 > self.lease_s:

@@ -260,7 +260,9 @@ def _call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tup
         )
     if len(encoded) > max_result_bytes:
         return _not_retryable(
-            "ResultTooLarge", f"result is {len(encoded)} bytes; the limit is {max_result_bytes}"
+            "ResultTooLarge",
+            f"result is {len(encoded)} bytes; the limit is {max_result_bytes} (TREADLE_MAX_RESULT_BYTES): "
+            "store large data with `context.artifacts.put(name, data)` and return the URI it gives",
         )
     reply: Message = {"ok": True, "value": value}
     if context is not None and context.outlet_events:
