@@ -54,7 +54,16 @@ def test_scheduler_never_imports_user_code_loader() -> None:
 
 
 def test_public_api_is_frozen() -> None:
-    assert sorted(treadle.__all__) == ["Dag", "Dataset", "Param", "TaskContext", "TaskOutput", "dag", "task"]
+    assert sorted(treadle.__all__) == [
+        "Dag",
+        "Dataset",
+        "Param",
+        "ParamRule",
+        "TaskContext",
+        "TaskOutput",
+        "dag",
+        "task",
+    ]
 
 
 def _calls(path: Path, name: str) -> list[int]:
