@@ -29,15 +29,13 @@ def build_contract(
     backfills: bool,
 ) -> DagContract:
     """The contract of the DAG `where` names; DagDefinitionError naming the field at fault."""
-    for name, value in (("inlets", inlets), ("outlets", outlets)):
-        if isinstance(value, str | Dataset) or not isinstance(value, list | tuple):
-            raise DagDefinitionError(f"{where}: {name} must be a list of Dataset, got {value!r}")
+    names = {"inlets": _names(inlets, "inlets", where), "outlets": _names(outlets, "outlets", where)}
     try:
         return DagContract(
             purpose=purpose,
             criticality=criticality,  # type: ignore[arg-type]  # text, validated into a Criticality
-            inlets=dataset_names(inlets, f"{where}: inlets"),
-            outlets=dataset_names(outlets, f"{where}: outlets"),
+            inlets=names["inlets"],
+            outlets=names["outlets"],
             freshness_slo_s=None if freshness_slo is None else _seconds(freshness_slo),
             failure_impact=failure_impact,
             runbook_url=runbook_url,
@@ -46,6 +44,16 @@ def build_contract(
         )
     except ValueError as exc:
         raise DagDefinitionError(f"{where}: {exc}") from None
+
+
+def _names(value: Sequence[Dataset | str], field: str, where: str) -> tuple[str, ...]:
+    if isinstance(value, str | Dataset) or not isinstance(value, list | tuple):
+        raise DagDefinitionError(f"{where}: {field} must be a list of Dataset, got {value!r}")
+    try:
+        return dataset_names(value, f"{where}: {field}")
+    except DagDefinitionError as exc:
+        text = str(exc)
+        raise DagDefinitionError(text if text.startswith(where) else f"{where}: {field}: {text}") from None
 
 
 def _seconds(value: timedelta | float | str) -> float:
