@@ -75,6 +75,11 @@ def notify(report: dict[str, Any]) -> str:
     schedule="0 2 * * *",
     timezone="Asia/Singapore",
     params={"min_amount": Param(0, type="number", minimum=0, description="ignore smaller orders")},
+    purpose="Daily sales per region for the regional managers' morning review",
+    criticality="medium",
+    freshness_slo="26h",
+    failure_impact="regional managers review yesterday's figures",
+    runbook_url="https://wiki.example.com/runbooks/daily-sales-report",
 )
 def daily_sales_report() -> None:
     notify(load(transform(extract())))

@@ -1,7 +1,8 @@
 """treadle: workflow orchestrator and distributed job scheduler.
 
-The public authoring API: `dag`, `task`, `Param`, `Dataset`, the `TaskContext` a task receives,
-the outcomes a task raises (`Retryable`, `NonRetryable`, `UnknownCommit`) and `ExitContract`.
+The public authoring API: `dag`, `task`, `Param`, `ParamRule`, `Dataset`, the `TaskContext` a
+task receives, the outcomes a task raises (`Retryable`, `NonRetryable`, `UnknownCommit`),
+`ExitContract`, and quality gates (`quality_gate`, `Check`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from treadle.authoring.context import TaskContext
 from treadle.authoring.datasets import Dataset
 from treadle.authoring.decorators import dag, task
 from treadle.authoring.outcomes import NonRetryable, Retryable, UnknownCommit
-from treadle.authoring.params import Param
+from treadle.authoring.params import Param, ParamRule
 from treadle.authoring.quality import Check, quality_gate
 from treadle.authoring.specs import Dag, TaskOutput
 from treadle.domain.exit_codes import ExitContract
@@ -22,6 +23,7 @@ __all__ = [
     "ExitContract",
     "NonRetryable",
     "Param",
+    "ParamRule",
     "Retryable",
     "TaskContext",
     "TaskOutput",

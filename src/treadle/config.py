@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
+from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
 from treadle.domain.urls import parse_database_url
-from treadle.errors import ConfigError, SettingOutOfRange
+from treadle.errors import ConfigError, InvalidRequest, SettingOutOfRange
 
 MIB = 1024 * 1024
 DAY_S = 24 * 3600
@@ -51,6 +53,8 @@ class Settings:
     dag_import_timeout_s: float = 30.0
     #: Where artifacts live (an fsspec URL); None: the local disk under `home`.
     artifacts_url: str | None = None
+    #: Execution timeout of every task that sets no `timeout=` (None: such tasks may run forever).
+    default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -69,6 +73,8 @@ class Settings:
             lease_s = numbers.get("scheduler_lease_s", DEFAULT_SCHEDULER_LEASE_S)
             short = lease_s <= DEFAULT_MAX_CLOCK_SKEW_S
             numbers["max_clock_skew_s"] = lease_s / 2 if short else DEFAULT_MAX_CLOCK_SKEW_S
+        if env.get(DEFAULT_TASK_TIMEOUT.variable):
+            numbers["default_task_timeout_s"] = parse_task_timeout(env[DEFAULT_TASK_TIMEOUT.variable])
         artifacts_url = env.get("TREADLE_ARTIFACTS_URL") or None
         settings = cls(
             home=home, database_url=url, dags_folder=folder, artifacts_url=artifacts_url, **numbers
@@ -87,6 +93,8 @@ class Settings:
                 raise ConfigError(problem)
         for spec in NUMERIC_SETTINGS:
             spec.check(getattr(self, spec.field))
+        if self.default_task_timeout_s is not None:
+            DEFAULT_TASK_TIMEOUT.check(self.default_task_timeout_s)
         if self.heartbeat_s * 3 > self.lease_s:
             raise ConfigError(
                 f"TREADLE_LEASE_SECONDS ({self.lease_s}) must be at least 3 x "
@@ -151,6 +159,38 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     _spec("TREADLE_BACKFILL_MAX_SPAN_DAYS", "backfill_max_span_days", 1, 36500, "days"),
     _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
 )
+
+
+#: TREADLE_DEFAULT_TASK_TIMEOUT: seconds or a duration ("24h"); "0", "none" or "off" turn it off.
+DEFAULT_TASK_TIMEOUT = _spec(
+    "TREADLE_DEFAULT_TASK_TIMEOUT",
+    "default_task_timeout_s",
+    1,
+    366 * DAY_S,
+    note="366 days; 0, none or off: no default timeout",
+)
+
+#: What turns the default task timeout off.
+_NO_TIMEOUT = ("0", "none", "off")
+
+
+def parse_task_timeout(raw: str) -> float | None:
+    """TREADLE_DEFAULT_TASK_TIMEOUT in seconds (None: off); ConfigError naming the variable."""
+    text = raw.strip().lower()
+    if text in _NO_TIMEOUT:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parse_duration(text).total_seconds()
+        except InvalidRequest:
+            raise ConfigError(
+                f"{DEFAULT_TASK_TIMEOUT.variable} must be a number of seconds, {ACCEPTED_FORMS}, "
+                f"or one of {', '.join(_NO_TIMEOUT)} (no default timeout), got {raw!r}"
+            ) from None
+    DEFAULT_TASK_TIMEOUT.check(seconds)
+    return seconds
 
 
 def _number(spec: NumericSetting, raw: str) -> float | int:

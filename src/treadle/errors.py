@@ -8,7 +8,8 @@ TreadleError
 ├── RunNotFound            no run with that id
 ├── TaskInstanceNotFound   no task instance with that id
 ├── InvalidRequest         input from a user that cannot be accepted (names the problem)
-│   ├── ParamsInvalid      a trigger's conf breaks the DAG's params schema (dag_id, violations)
+│   ├── ParamsInvalid      a trigger's conf breaks the DAG's params schema or rules (dag_id, violations)
+│   ├── RunNotAllowed      the DAG's contract refuses this kind of run (dag_id, run_kind, setting)
 │   └── RunCancelledError  a requeue would run work in a cancelled run (run_id, task_id)
 ├── ClearConflict          task instances moved while a clear read them (run_id; nothing applied)
 ├── NotLeader              the leader lease is lost: the caller stands down (holder, epoch)
@@ -101,6 +102,24 @@ class ParamsInvalid(InvalidRequest):
         if n > MAX_LISTED_VIOLATIONS:
             lines.append(f"  ... and {n - MAX_LISTED_VIOLATIONS} more")
         return f"params of dag {self.dag_id!r} are invalid ({n} problem(s)):\n" + "\n".join(lines)
+
+
+class RunNotAllowed(InvalidRequest):
+    """The DAG's contract does not allow this kind of run."""
+
+    def __init__(
+        self, message: str | None = None, *, dag_id: str, run_kind: str, setting: str, owner: str = ""
+    ) -> None:
+        self.dag_id = dag_id
+        #: What was refused, in words: "manual runs" or "backfills".
+        self.run_kind = run_kind
+        #: The contract setting that refuses it, e.g. "manual_runs".
+        self.setting = setting
+        self.owner = owner
+        ask = f"; its owner is {owner!r}" if owner else ""
+        super().__init__(
+            message or f"DAG {dag_id!r} does not allow {run_kind}: its contract sets {setting}=False{ask}"
+        )
 
 
 class NotLeader(TreadleError):

@@ -7,7 +7,9 @@
 
 Tasks run in the calling process through the same engine as production (claim, fenced
 completion, retry policy, dead letters, dataset events of outlets); retry delays are honoured,
-task timeouts are not.
+task timeouts are not. Runs are manual, so a DAG whose contract sets `manual_runs=False` is
+refused as it would be by `treadle dags trigger`; `run_type="scheduled"` runs it as its schedule
+would (with the params' defaults).
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from typing import Any
 
 from treadle.authoring.specs import Dag
 from treadle.domain.records import AttemptError, AttemptInfo, ClaimedTask, RunInfo
-from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, TaskState
+from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, RunType, TaskState
 from treadle.engine import inspection, queries
 from treadle.engine.dags import sync_dags
 from treadle.engine.datasets import parse_outlet_events, run_dataset_events
 from treadle.engine.execution import claim_task_instances, complete_attempt, fail_attempt
 from treadle.engine.reaper import promote_due_retries
 from treadle.engine.runs import finish_idle_runs, trigger_run
+from treadle.errors import InvalidRequest
 from treadle.store import migrate
 from treadle.store.database import Database
 from treadle.store.datasets import DatasetEventInfo
@@ -72,9 +75,15 @@ class DagRunner:
         migrate.upgrade(self.db)
         sync_dags(self.db, structures=[dag.structure()], scanned_files=[], errors={})
 
-    def trigger(self, conf: dict[str, Any] | None = None) -> str:
-        """Start a run; returns its id."""
-        return trigger_run(self.db, self.dag.dag_id, conf=conf, triggered_by="treadle.testing").run_id
+    def trigger(self, conf: dict[str, Any] | None = None, *, run_type: str = "manual") -> str:
+        """Start a run ("manual", or "scheduled": the params' defaults, no conf); returns its id."""
+        if run_type not in (RunType.MANUAL, RunType.SCHEDULED):
+            raise InvalidRequest(f"run_type must be 'manual' or 'scheduled', got {run_type!r}")
+        if run_type == RunType.SCHEDULED and conf:
+            raise InvalidRequest("a scheduled run takes the params' defaults: pass no conf")
+        return trigger_run(
+            self.db, self.dag.dag_id, conf=conf, triggered_by="treadle.testing", run_type=RunType(run_type)
+        ).run_id
 
     def run_until_done(self, run_id: str, *, timeout_s: float = 60.0) -> DagRunResult:
         """Execute ready tasks (waiting out retry delays) until the run is terminal, or waits on
@@ -145,15 +154,17 @@ def run_dag(
     database_url: str | None = None,
     timeout_s: float = 60.0,
     max_result_bytes: int = 64 * 1024,
+    run_type: str = "manual",
 ) -> DagRunResult:
     """Register `dag`, trigger a run and execute it to the end in this process.
 
-    Uses a fresh SQLite file in a temporary folder unless `database_url` is given.
+    Uses a fresh SQLite file in a temporary folder unless `database_url` is given. `run_type`
+    "scheduled" runs the DAG as its schedule would (params' defaults, no conf).
     Raises TimeoutError if the run is not finished after `timeout_s`.
     """
     runner = DagRunner(dag, database_url=database_url, max_result_bytes=max_result_bytes)
     try:
-        return runner.run_until_done(runner.trigger(conf), timeout_s=timeout_s)
+        return runner.run_until_done(runner.trigger(conf, run_type=run_type), timeout_s=timeout_s)
     finally:
         runner.close()
 

@@ -136,3 +136,43 @@ def test_database_url_schemes_are_matched_exactly(url: str) -> None:
     scheme = url.split("://")[0]
     assert f"TREADLE_DATABASE_URL has unsupported scheme {scheme}://" in str(error)
     assert "supported: sqlite:///PATH, postgresql://, postgres://, postgresql+psycopg://" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [
+        ("", 86_400.0),  # unset: a day
+        ("3600", 3600.0),
+        ("90m", 5400.0),
+        ("12h", 43_200.0),
+        (" 2D ", 172_800.0),
+        ("0", None),
+        ("none", None),
+        ("OFF", None),
+    ],
+)
+def test_default_task_timeout_takes_seconds_durations_or_off(raw: str, seconds: float | None) -> None:
+    settings = Settings.from_env({**BASE, "TREADLE_DEFAULT_TASK_TIMEOUT": raw})
+    assert settings.default_task_timeout_s == seconds
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("soon", "TREADLE_DEFAULT_TASK_TIMEOUT must be a number of seconds, a positive whole number"),
+        ("-5", "TREADLE_DEFAULT_TASK_TIMEOUT must be a finite number of seconds in 1..31622400"),
+        ("nan", "got nan"),
+        ("0.5", "0, none or off: no default timeout"),
+        ("400d", "in 1..31622400 (366 days"),
+    ],
+)
+def test_a_bad_default_task_timeout_is_refused_naming_the_variable(raw: str, message: str) -> None:
+    assert message in str(_refusal(TREADLE_DEFAULT_TASK_TIMEOUT=raw))
+
+
+def test_validate_checks_a_default_task_timeout_set_directly() -> None:
+    settings = Settings(
+        home=Path("/h"), database_url="sqlite:////h/t.db", dags_folder=Path("/d"), default_task_timeout_s=0
+    )
+    with pytest.raises(SettingOutOfRange, match="TREADLE_DEFAULT_TASK_TIMEOUT"):
+        settings.validate()

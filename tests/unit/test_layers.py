@@ -61,6 +61,7 @@ def test_public_api_is_frozen() -> None:
         "ExitContract",
         "NonRetryable",
         "Param",
+        "ParamRule",
         "Retryable",
         "TaskContext",
         "TaskOutput",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, overload
 
+from treadle.authoring.contract import build_contract, check_param_rules, check_structure_contract
 from treadle.authoring.datasets import Dataset, dataset_names
 from treadle.authoring.params import build_params_schema
 from treadle.authoring.settings import TASK_SETTINGS, check_setting_names, resolve_settings
@@ -21,6 +22,7 @@ from treadle.authoring.specs import (
     literal_arg,
 )
 from treadle.domain.dag_version import ArgRef
+from treadle.domain.param_rules import ParamRule
 from treadle.domain.timetable import ScheduleSpec, parse_schedule
 from treadle.errors import DagDefinitionError
 
@@ -139,6 +141,16 @@ def dag(
     allow_extra_params: bool = False,
     default_args: dict[str, Any] | None = None,
     max_active_tasks: int | None = None,
+    param_rules: Sequence[ParamRule] = (),
+    purpose: str = "",
+    criticality: str | None = None,
+    inlets: Sequence[Dataset | str] = (),
+    outlets: Sequence[Dataset | str] = (),
+    freshness_slo: timedelta | float | str | None = None,
+    failure_impact: str = "",
+    runbook_url: str | None = None,
+    manual_runs: bool = True,
+    backfills: bool = True,
 ) -> Any:
     """Declare a DAG: the decorated function places tasks; the decorator returns the `Dag`.
 
@@ -153,7 +165,17 @@ def dag(
     policy for fixed-hour cron entries.
     `params`: name -> `Param` (or a plain default) validated as JSON Schema at every trigger;
     unknown conf keys are rejected unless `allow_extra_params`. `max_active_tasks` caps how
-    many of its task instances run at once, across all its runs.
+    many of its task instances run at once, across all its runs. `param_rules`: cross-field
+    `ParamRule`s checked with the params at every trigger.
+
+    The contract (all optional, shown by `treadle dags show`): `purpose`; `criticality` (low,
+    medium, high, critical); `inlets` and `outlets`, the datasets it reads and writes (its outputs
+    also include every task's outlets, its inputs the datasets it is scheduled on);
+    `freshness_slo`, how old its outputs may get (timedelta, seconds or text such as "6h");
+    `failure_impact`; `runbook_url` (http or https); `manual_runs=False` refuses manual triggers
+    and `backfills=False` refuses backfills.
+
+    Calling the decorated name (`my_dag()`, as in Airflow) returns the same DAG: it is built once.
     """
 
     def build(f: Callable[..., Any]) -> Dag:
@@ -198,6 +220,19 @@ def dag(
             or max_active_tasks < 1
         ):
             raise DagDefinitionError(f"dag {the_id!r}: max_active_tasks must be an integer >= 1")
+        contract = build_contract(
+            where,
+            purpose=purpose,
+            criticality=criticality,
+            inlets=inlets,
+            outlets=outlets,
+            freshness_slo=freshness_slo,
+            failure_impact=failure_impact,
+            runbook_url=runbook_url,
+            manual_runs=manual_runs,
+            backfills=backfills,
+        )
+        rules = check_param_rules(param_rules, params_schema, where)
         new = Dag(
             dag_id=the_id,
             owner=owner,
@@ -208,10 +243,13 @@ def dag(
             default_args=defaults,
             fileloc=inspect.getsourcefile(f) or "",
             max_active_tasks=max_active_tasks,
+            contract=contract,
+            param_rules=rules,
         )
         with building(new):
             f()
             new.validate()
+            check_structure_contract(new.structure(), where)
         return new
 
     return build(fn) if fn is not None else build

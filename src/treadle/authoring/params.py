@@ -8,8 +8,11 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from treadle.domain.param_rules import ParamRule
 from treadle.domain.params import DIALECT, check_schema
 from treadle.errors import DagDefinitionError
+
+__all__ = ["NOTSET", "Param", "ParamRule", "build_params_schema"]
 
 #: JSON Schema keywords a Param accepts.
 SCHEMA_KEYWORDS: Final = frozenset(

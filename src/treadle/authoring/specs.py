@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.authoring.settings import TaskSettings
+from treadle.domain.contract import DagContract
 from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
 from treadle.domain.graph import find_cycle
 from treadle.domain.identifiers import is_identifier
+from treadle.domain.param_rules import ParamRule
 from treadle.domain.timetable import ScheduleSpec
 from treadle.errors import DagDefinitionError
 
@@ -98,9 +100,22 @@ class Dag:
     fileloc: str = ""
     max_active_tasks: int | None = None
     tasks: dict[str, TaskNode] = field(default_factory=dict)
+    contract: DagContract = field(default_factory=DagContract)
+    param_rules: tuple[ParamRule, ...] = ()
     pending_edges: list[tuple[str, str]] = field(default_factory=list)
     #: Next suffix to try per base id, so calling one function N times costs O(N), not O(N^2).
     next_suffix: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, *args: object, **kwargs: object) -> Dag:
+        """Return this DAG: `@dag` built it already, so Airflow's `my_dag()` at the end of a DAG
+        file defines nothing twice."""
+        if args or kwargs:
+            raise DagDefinitionError(
+                f"dag {self.dag_id!r} is built once, when @dag decorates its function, and takes no "
+                "arguments: declare run parameters with @dag(params=...) and pass values with "
+                "`treadle dags trigger --conf`"
+            )
+        return self
 
     def add_task(self, node: TaskNode) -> None:
         """Place a task; its id must be new in this DAG."""
@@ -150,6 +165,8 @@ class Dag:
             fileloc=self.fileloc,
             max_active_tasks=self.max_active_tasks,
             tasks={k: t.to_def() for k, t in self.tasks.items()},
+            contract=self.contract,
+            param_rules=self.param_rules,
         )
 
 

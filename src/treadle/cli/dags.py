@@ -1,4 +1,4 @@
-"""`treadle dags`: list, sync, errors, trigger, pause, unpause, next."""
+"""`treadle dags`: list, show, sync, errors, trigger, pause, unpause, next."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from zoneinfo import ZoneInfo
 
 import click
 
+from treadle.cli import dag_show
 from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table, to_jsonable
 from treadle.domain.conf_limits import check_conf_depth, json_text_depth
 from treadle.engine import queries
+from treadle.engine.dag_detail import dag_detail
 from treadle.engine.pausing import set_paused
 from treadle.engine.runs import trigger_run
 from treadle.engine.schedules import describe, list_schedules, schedule_view, upcoming
@@ -62,6 +64,23 @@ def list_cmd(ctx: Context, as_json: bool) -> None:
             for d in found
         ],
     )
+
+
+@dags_group.command("show")
+@click.argument("dag_id")
+@click.option(
+    "--runs", "runs", default=10, show_default=True, type=click.IntRange(0, 1000), help="Latest runs."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def show_cmd(ctx: Context, dag_id: str, runs: int, as_json: bool) -> None:
+    """Show DAG_ID: contract, schedule and next fire times, tasks in order, params, latest runs."""
+    detail = dag_detail(ctx.db, dag_id, runs=runs)
+    default_timeout_s = ctx.settings.default_task_timeout_s
+    if as_json:
+        emit_json(dag_show.as_json(detail, default_timeout_s=default_timeout_s))
+        return
+    dag_show.print_text(detail, default_timeout_s=default_timeout_s)
 
 
 @dags_group.command("sync")
@@ -123,6 +142,7 @@ def trigger_cmd(ctx: Context, dag_id: str, conf: str, as_json: bool) -> None:
         conf=parsed,
         triggered_by=identity(),
         default_queue_timeout_s=ctx.settings.queue_timeout_s,
+        default_task_timeout_s=ctx.settings.default_task_timeout_s,
     )
     if as_json:
         emit_json(queries.run_for_operators(ctx.db, run))

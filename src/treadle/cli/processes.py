@@ -157,6 +157,7 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         leader_lease_s=ctx.settings.scheduler_lease_s,
         default_queue_timeout_s=ctx.settings.queue_timeout_s,
         max_skew_s=ctx.settings.max_clock_skew_s,
+        default_task_timeout_s=ctx.settings.default_task_timeout_s,
     )
 
 

@@ -8,13 +8,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from treadle.domain.contract import DagContract
 from treadle.domain.exit_codes import ExitContract
 from treadle.domain.graph import downstream_map, transitive_downstream
+from treadle.domain.param_rules import ParamRule
 from treadle.domain.retry import RetryPolicy
 from treadle.domain.timetable import ScheduleSpec
 
 #: JSON values as stored (Any only at this serialization boundary).
 JSON = Any
+
+#: Execution timeout given to a task that sets none, unless the deployment says otherwise
+#: (TREADLE_DEFAULT_TASK_TIMEOUT). Applied to task instances when their run is created, never
+#: part of a version: changing it changes no version hash.
+DEFAULT_TASK_TIMEOUT_S = 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,10 +147,23 @@ class DagStructure:
     #: Most task instances of this DAG running at once, across its runs (None: no limit).
     max_active_tasks: int | None = None
     tasks: dict[str, TaskDef] = field(default_factory=dict)
+    #: Purpose, criticality, inputs and outputs, freshness, runbook, allowed kinds of runs.
+    contract: DagContract = field(default_factory=DagContract)
+    #: Cross-field rules on the params, checked with the params schema at every trigger.
+    param_rules: tuple[ParamRule, ...] = ()
 
     def to_json(self) -> dict[str, JSON]:
-        """Return the JSON form (keys sorted, so the hash is stable)."""
-        return {
+        """Return the JSON form (keys sorted, so the hash is stable).
+
+        The contract and the param rules are written only when declared, so the hash of a DAG
+        that declares neither is what it was before they existed.
+        """
+        extra: dict[str, JSON] = {}
+        if not self.contract.is_default:
+            extra["contract"] = self.contract.to_json()
+        if self.param_rules:
+            extra["param_rules"] = [r.to_json() for r in self.param_rules]
+        return extra | {
             "dag_id": self.dag_id,
             "owner": self.owner,
             "description": self.description,
@@ -170,12 +190,24 @@ class DagStructure:
             fileloc=data.get("fileloc", ""),
             max_active_tasks=data.get("max_active_tasks"),
             tasks={k: TaskDef.from_json(v) for k, v in data.get("tasks", {}).items()},
+            contract=DagContract.from_json(data.get("contract") or {}),
+            param_rules=tuple(ParamRule.from_json(r) for r in data.get("param_rules") or ()),
         )
 
     def content_hash(self) -> str:
         """Return the sha256 of the canonical JSON form (the version identity)."""
         canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def inputs(self) -> tuple[str, ...]:
+        """Datasets the DAG reads: its declared inlets and the datasets it is scheduled on."""
+        scheduled = self.schedule.datasets if self.schedule is not None else ()
+        return tuple(sorted({*self.contract.inlets, *scheduled}))
+
+    def outputs(self) -> tuple[str, ...]:
+        """Datasets the DAG writes: its declared outlets and every task's outlets."""
+        produced = (name for t in self.tasks.values() for name in t.outlets)
+        return tuple(sorted({*self.contract.outlets, *produced}))
 
     def upstream_map(self) -> dict[str, tuple[str, ...]]:
         """Return task id -> direct upstream ids."""

@@ -1,17 +1,19 @@
-"""DAG params: check a params JSON Schema; resolve a trigger's conf against it (defaults, then validation)."""
+"""DAG params: check a params JSON Schema; resolve a trigger's conf against it (defaults, then
+validation by the schema and the DAG's cross-field rules)."""
 
 from __future__ import annotations
 
 import copy
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from treadle.domain.param_rules import ParamRule, check_rules
 from treadle.domain.secret_params import is_secret_path
 from treadle.errors import ParamsInvalid
 
@@ -58,11 +60,20 @@ def check_schema(schema: dict[str, Any]) -> None:
             )
 
 
-def resolve_params(dag_id: str, schema: dict[str, Any] | None, conf: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_params(
+    dag_id: str,
+    schema: dict[str, Any] | None,
+    conf: Mapping[str, Any],
+    *,
+    rules: Sequence[ParamRule] = (),
+) -> dict[str, Any]:
     """Return `conf` plus the schema's top-level defaults; raise ParamsInvalid naming every problem.
 
-    A DAG without a params schema (None) accepts any conf, returned as a copy. Inputs are never mutated:
-    the result is a deep copy, so changing it changes neither `conf` nor the schema's defaults.
+    The problems are those of the JSON Schema and of the DAG's cross-field `rules`, reported
+    together (a rule is not checked on a param the schema already rejected). A DAG without a
+    params schema (None) accepts any conf, returned as a copy, still subject to its rules. Inputs
+    are never mutated: the result is a deep copy, so changing it changes neither `conf` nor the
+    schema's defaults.
     """
     if not isinstance(conf, Mapping):
         raise ParamsInvalid(
@@ -70,21 +81,30 @@ def resolve_params(dag_id: str, schema: dict[str, Any] | None, conf: Mapping[str
             violations=[ParamViolation("$", f"conf must be a JSON object, not {_type_name(conf)}")],
         )
     merged = copy.deepcopy(dict(conf))
-    if schema is None:
-        return merged
-    properties = schema.get("properties") or {}
-    for name, prop in properties.items():
-        if name not in merged and isinstance(prop, dict) and "default" in prop:
-            merged[name] = copy.deepcopy(prop["default"])
-    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     found: dict[tuple[tuple[tuple[int, int, str], ...], str], ParamViolation] = {}
-    for error in validator.iter_errors(merged):
-        for parts, message in _explain(error):
-            if error.validator != "required" and is_secret_path(schema, parts):
-                # jsonschema's messages quote the value; errors reach logs and terminals.
-                message = f"does not satisfy {error.validator!r} (the value of a secret param is not shown)"
-            violation = ParamViolation(_json_path(parts), _clip(message))
-            found.setdefault((_parts_key(parts), violation.message), violation)
+    rejected: set[str] = set()
+    if schema is not None:
+        properties = schema.get("properties") or {}
+        for name, prop in properties.items():
+            if name not in merged and isinstance(prop, dict) and "default" in prop:
+                merged[name] = copy.deepcopy(prop["default"])
+        validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        for error in validator.iter_errors(merged):
+            for parts, message in _explain(error):
+                if error.validator != "required" and is_secret_path(schema, parts):
+                    # jsonschema's messages quote the value; errors reach logs and terminals.
+                    message = (
+                        f"does not satisfy {error.validator!r} (the value of a secret param is not shown)"
+                    )
+                violation = ParamViolation(_json_path(parts), _clip(message))
+                found.setdefault((_parts_key(parts), violation.message), violation)
+                if parts and isinstance(parts[0], str):
+                    rejected.add(parts[0])
+    if rules:
+        hidden = frozenset(n for rule in rules for n in rule.names() if is_secret_path(schema, (n,)))
+        for name, message in check_rules(tuple(rules), merged, hidden=hidden, rejected=frozenset(rejected)):
+            violation = ParamViolation(_json_path((name,)), _clip(message))
+            found.setdefault((_parts_key((name,)), violation.message), violation)
     if found:
         raise ParamsInvalid(dag_id=dag_id, violations=[found[key] for key in sorted(found)])
     return merged

@@ -18,11 +18,12 @@ from treadle.domain.backfill_plan import BackfillPlan, BackfillRange, check_opti
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.params import resolve_params
 from treadle.domain.records import DagInfo, RunInfo
-from treadle.domain.states import RunState
+from treadle.domain.states import RunState, RunType
 from treadle.domain.timetable import ScheduleSpec
 from treadle.engine.cancellation import cancel_run
 from treadle.engine.dags import version_of
 from treadle.engine.queries import runs_for_operators
+from treadle.engine.runs import require_run_allowed
 from treadle.errors import BackfillConflict, DagNotFound, InvalidRequest, ParamsInvalid
 from treadle.store import audit, dialects
 from treadle.store import backfills as backfill_store
@@ -93,6 +94,7 @@ def _timed_spec(db: Database, conn: Connection, dag_id: str) -> tuple[DagInfo, D
     if dag is None or dag.latest_version_id is None:
         raise DagNotFound(f"no DAG {dag_id!r} is registered (run `treadle dags sync`?)")
     version = version_of(db, conn, dag.latest_version_id)
+    require_run_allowed(version.structure, RunType.BACKFILL)
     spec = version.structure.schedule
     if spec is None or not spec.is_timed:
         what = "no schedule" if spec is None else f"a {spec.kind} schedule"
@@ -120,7 +122,8 @@ def _check(
     text = check_options(reason=reason, mode=mode, rerun=rerun)
     dag, version, spec = _timed_spec(db, conn, dag_id)
     try:
-        resolve_params(dag_id, version.structure.params_schema, {})
+        structure = version.structure
+        resolve_params(dag_id, structure.params_schema, {}, rules=structure.param_rules)
     except ParamsInvalid as exc:
         raise InvalidRequest(f"backfill runs take the params' defaults, which are invalid: {exc}") from None
     checked = check_range(

@@ -27,7 +27,7 @@ from treadle.domain.backfill_plan import (
     interval_action,
     next_intervals,
 )
-from treadle.domain.dag_version import DagVersion
+from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagVersion
 from treadle.domain.params import resolve_params
 from treadle.domain.records import DagInfo, RunInfo
 from treadle.domain.states import RunType
@@ -71,7 +71,14 @@ class _Ready:
     params: dict[str, Any]  # Any: JSON
 
 
-def drain_backfills(db: Database, *, holder: str, epoch: int, default_queue_timeout_s: float) -> int:
+def drain_backfills(
+    db: Database,
+    *,
+    holder: str,
+    epoch: int,
+    default_queue_timeout_s: float,
+    default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
+) -> int:
     """Hand every running backfill its next intervals, in one transaction fenced by the leader lease.
 
     Raises NotLeader when `holder` no longer leads at `epoch` (nothing is written). Returns how
@@ -89,7 +96,15 @@ def drain_backfills(db: Database, *, holder: str, epoch: int, default_queue_time
         acc = _Pass()
         for b in running:
             _drain_one(
-                db, conn, b, active.get(b.id, 0), acc, epoch=epoch, now=now, qt=default_queue_timeout_s
+                db,
+                conn,
+                b,
+                active.get(b.id, 0),
+                acc,
+                epoch=epoch,
+                now=now,
+                qt=default_queue_timeout_s,
+                tt=default_task_timeout_s,
             )
         if acc.runs:
             run_store.insert_runs(conn, acc.runs)
@@ -111,6 +126,7 @@ def _drain_one(
     epoch: int,
     now: datetime,
     qt: float,
+    tt: float | None,
 ) -> None:
     """Handle the next intervals of one backfill; its cursor and count move by compare-and-set.
 
@@ -119,7 +135,7 @@ def _drain_one(
     started = 0
     cursor = b.cursor
     if cursor is not None:
-        step = _step(db, conn, b, active, acc, epoch=epoch, now=now, qt=qt)
+        step = _step(db, conn, b, active, acc, epoch=epoch, now=now, qt=qt, tt=tt)
         if step is None:
             return
         taken, started, cursor = step
@@ -152,6 +168,7 @@ def _step(
     epoch: int,
     now: datetime,
     qt: float,
+    tt: float | None,
 ) -> tuple[int, int, datetime | None] | None:
     """(intervals handled, runs started, new cursor) of one backfill; None while its DAG is paused."""
     dag = dag_store.get_dag(conn, b.dag_id)
@@ -171,7 +188,7 @@ def _step(
         if action in STARTS_RUN and started >= room:
             break
         if action == CREATE:
-            _create(ready, b, logical, fire, acc, epoch=epoch, now=now, qt=qt)
+            _create(ready, b, logical, fire, acc, epoch=epoch, now=now, qt=qt, tt=tt)
             started += 1
         elif action in (RERUN_FAILED, RERUN_ALL) and _rerun(db, conn, b, existing[logical], action):
             acc.reopened = True
@@ -193,18 +210,22 @@ def _ready(
     db: Database, conn: Connection, b: BackfillInfo, dag: DagInfo | None, *, now: datetime
 ) -> _Ready | None:
     """The DAG's latest version, timetable and default params; pauses the backfill (None) if
-    the DAG is gone, has no timed schedule any more, or its params have no valid defaults."""
+    the DAG is gone, has no timed schedule any more, no longer allows backfills, or its params
+    have no valid defaults."""
     problem = None
     if dag is None or dag.latest_version_id is None:
         problem = f"DAG {b.dag_id!r} is no longer registered"
     else:
         version = version_of(db, conn, dag.latest_version_id)
         spec = version.structure.schedule
+        structure = version.structure
         if spec is None or not spec.is_timed:
             problem = f"DAG {b.dag_id!r} no longer has a cron or interval schedule"
+        elif not structure.contract.backfills:
+            problem = f"DAG {b.dag_id!r} no longer allows backfills (its contract sets backfills=False)"
         else:
             try:
-                params = resolve_params(b.dag_id, version.structure.params_schema, {})
+                params = resolve_params(b.dag_id, structure.params_schema, {}, rules=structure.param_rules)
             except ParamsInvalid as exc:
                 problem = f"the params of DAG {b.dag_id!r} have no valid defaults: {exc}"
             else:
@@ -234,6 +255,7 @@ def _create(
     epoch: int,
     now: datetime,
     qt: float,
+    tt: float | None,
 ) -> None:
     """A new backfill run of one interval (inserted with the pass's other runs)."""
     run, rows = new_run(
@@ -246,6 +268,7 @@ def _create(
         triggered_by=f"backfill:{b.id}:{b.requested_by}"[:250],
         now=now,
         default_queue_timeout_s=qt,
+        default_task_timeout_s=tt,
         mode=b.mode,
         backfill_id=b.id,
         leader_epoch=epoch,

@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.identifiers import is_dataset_name
 from treadle.domain.manifest import DatasetConsumption
 from treadle.domain.params import resolve_params
@@ -149,6 +150,7 @@ def trigger_dataset_runs(
     epoch: int,
     default_queue_timeout_s: float,
     limit: int = MAX_RUNS_PER_PASS,
+    default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
 ) -> int:
     """Create one run of each unpaused dataset-scheduled DAG whose every dataset has a new event.
 
@@ -186,7 +188,14 @@ def trigger_dataset_runs(
                 continue  # waits: its events stay unconsumed
             ranges = {n: (mine.get(n, 0), latest[n]) for n in spec.datasets}
             built = _dataset_run(
-                db, conn, row, ranges, now=now, epoch=epoch, timeout_s=default_queue_timeout_s
+                db,
+                conn,
+                row,
+                ranges,
+                now=now,
+                epoch=epoch,
+                timeout_s=default_queue_timeout_s,
+                task_timeout_s=default_task_timeout_s,
             )
             if built is not None:
                 runs.append(built[0])
@@ -229,12 +238,14 @@ def _dataset_run(
     now: datetime,
     epoch: int,
     timeout_s: float,
+    task_timeout_s: float | None,
 ) -> tuple[RunInfo, list[dict[str, Any]]] | None:
     """The run (and task instances) consuming the events in `ranges`; None if it cannot run."""
     assert row.latest_version_id is not None
     version = version_of(db, conn, row.latest_version_id)
     try:
-        params = resolve_params(row.dag_id, version.structure.params_schema, {})
+        structure = version.structure
+        params = resolve_params(row.dag_id, structure.params_schema, {}, rules=structure.param_rules)
     except ParamsInvalid as exc:
         # Consumed without a run, like a cron slot passed over for the same reason.
         log.error(
@@ -257,6 +268,7 @@ def _dataset_run(
         triggered_by=SCHEDULER_IDENTITY,
         now=now,
         default_queue_timeout_s=timeout_s,
+        default_task_timeout_s=task_timeout_s,
         leader_epoch=epoch,
         consumed=DatasetConsumption(
             events=[_manifest_entry(e) for e in listed],

@@ -9,14 +9,14 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.conf_limits import check_conf_limits
-from treadle.domain.dag_version import DagStructure, DagVersion
+from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagStructure, DagVersion
 from treadle.domain.manifest import DatasetConsumption, build_manifest
 from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.engine.dags import version_of
-from treadle.errors import DagNotFound, RunCancelledError, RunNotFound
+from treadle.errors import DagNotFound, RunCancelledError, RunNotAllowed, RunNotFound
 from treadle.store import dags as dag_store
 from treadle.store import dialects
 from treadle.store import runs as run_store
@@ -36,12 +36,15 @@ def trigger_run(
     triggered_by: str,
     run_type: RunType = RunType.MANUAL,
     default_queue_timeout_s: float = 600.0,
+    default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
 ) -> RunInfo:
     """Create a run of the DAG's latest version with its roots queued, in one transaction.
 
-    The conf is validated against the DAG's params schema first (every violation reported with
-    its JSON path, nothing created). Tasks without their own `queue_timeout` get
-    `default_queue_timeout_s` (the deployment's).
+    A manual run of a DAG whose contract sets `manual_runs=False` is refused (RunNotAllowed).
+    The conf is validated against the DAG's params schema and rules first (every violation
+    reported with its JSON path, nothing created). Tasks without their own `queue_timeout` get
+    `default_queue_timeout_s`, those without a `timeout` `default_task_timeout_s` (None: none),
+    the deployment's.
     """
     conf = dict(conf or {})
     check_conf_limits(conf)
@@ -51,7 +54,9 @@ def trigger_run(
         if dag is None or dag.latest_version_id is None:
             raise DagNotFound(f"no DAG {dag_id!r} is registered (run `treadle dags sync`?)")
         version = version_of(db, conn, dag.latest_version_id)
-        params = resolve_params(dag_id, version.structure.params_schema, conf)
+        require_run_allowed(version.structure, run_type)
+        structure = version.structure
+        params = resolve_params(dag_id, structure.params_schema, conf, rules=structure.param_rules)
         now = db_now(conn)
         run, rows = new_run(
             version,
@@ -63,6 +68,7 @@ def trigger_run(
             triggered_by=triggered_by,
             now=now,
             default_queue_timeout_s=default_queue_timeout_s,
+            default_task_timeout_s=default_task_timeout_s,
         )
         run_store.insert_run(conn, run)
         ti_store.insert_task_instances(conn, rows)
@@ -73,6 +79,19 @@ def trigger_run(
     # share a logical date; retrying reads the clock again. Time-based runs must not retry: for
     # them the unique key is what forbids a double fire.
     return db.transact(work, retry_conflicts=run_type is RunType.MANUAL)
+
+
+def require_run_allowed(structure: DagStructure, run_type: RunType) -> None:
+    """Raise RunNotAllowed when the DAG's contract refuses runs of this type (manual, backfill)."""
+    contract = structure.contract
+    if run_type is RunType.MANUAL and not contract.manual_runs:
+        raise RunNotAllowed(
+            dag_id=structure.dag_id, run_kind="manual runs", setting="manual_runs", owner=structure.owner
+        )
+    if run_type is RunType.BACKFILL and not contract.backfills:
+        raise RunNotAllowed(
+            dag_id=structure.dag_id, run_kind="backfills", setting="backfills", owner=structure.owner
+        )
 
 
 def new_run(
@@ -90,8 +109,13 @@ def new_run(
     backfill_id: int | None = None,
     leader_epoch: int | None = None,
     consumed: DatasetConsumption | None = None,
+    default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
 ) -> tuple[RunInfo, list[dict[str, Any]]]:
-    """The row of a new running run (with its manifest) and the rows of its task instances."""
+    """The row of a new running run (with its manifest) and the rows of its task instances.
+
+    A task without its own `timeout` gets `default_task_timeout_s` (None: no timeout), stored on
+    its instance; clears and requeues keep the instance's timeout.
+    """
     structure = version.structure
     run_id = f"{run_type.value}__{logical_date:%Y%m%dT%H%M%S.%f}Z__{secrets.token_hex(4)}"
     manifest = build_manifest(
@@ -130,12 +154,21 @@ def new_run(
     )
     offset = -BACKFILL_PRIORITY_OFFSET if run_type is RunType.BACKFILL else 0
     return run, _task_instance_rows(
-        structure, run, default_queue_timeout_s=default_queue_timeout_s, priority_offset=offset
+        structure,
+        run,
+        default_queue_timeout_s=default_queue_timeout_s,
+        default_task_timeout_s=default_task_timeout_s,
+        priority_offset=offset,
     )
 
 
 def _task_instance_rows(
-    structure: DagStructure, run: RunInfo, *, default_queue_timeout_s: float, priority_offset: int = 0
+    structure: DagStructure,
+    run: RunInfo,
+    *,
+    default_queue_timeout_s: float,
+    default_task_timeout_s: float | None,
+    priority_offset: int = 0,
 ) -> list[dict[str, Any]]:
     rows = []
     for task_id, t in structure.tasks.items():
@@ -160,7 +193,7 @@ def _task_instance_rows(
                 "pool_slots": t.pool_slots,
                 "queue_timeout_s": queue_timeout,
                 "dispatch_deadline": run.created_at + timedelta(seconds=queue_timeout) if is_root else None,
-                "timeout_s": t.timeout_s,
+                "timeout_s": t.timeout_s if t.timeout_s is not None else default_task_timeout_s,
             }
         )
     return rows

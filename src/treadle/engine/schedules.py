@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from cronsim import CronSim, CronSimError
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure
@@ -142,6 +143,41 @@ def describe(spec: dict[str, Any]) -> str:
     else:
         text = "datasets " + ", ".join(parsed.datasets)
     return text + (" (catchup)" if parsed.catchup else "")
+
+
+def in_words(spec: ScheduleSpec | None) -> str:
+    """A schedule as a sentence: "At 02:00 every day, Asia/Singapore time; catch-up on"."""
+    if spec is None:
+        return "no schedule: runs only when triggered"
+    if spec.kind == "dataset":
+        return "when each of its datasets has a new event: " + ", ".join(spec.datasets)
+    if spec.kind == "cron":
+        assert spec.cron is not None
+        try:
+            text = f"{CronSim(spec.cron, datetime(2000, 1, 1)).explain()}, {spec.timezone} time"
+        except (CronSimError, ValueError):
+            text = f"cron {spec.cron!r}, {spec.timezone} time"
+    else:
+        assert spec.interval_s is not None
+        text = f"every {seconds_in_words(spec.interval_s)}"
+    text += f"; catch-up {'on' if spec.catchup else 'off'}; at most {spec.max_active_runs} active runs"
+    if spec.start_date is not None:
+        text += f"; from {spec.start_date:%Y-%m-%d %H:%M} UTC"
+    if spec.end_date is not None:
+        text += f"; until {spec.end_date:%Y-%m-%d %H:%M} UTC"
+    return text
+
+
+def seconds_in_words(seconds: float) -> str:
+    """A duration in its largest whole unit: 3600 -> "1 h", 5400 -> "90 min", 90 -> "90 s"."""
+    units = (("d", 86_400), ("h", 3_600), ("min", 60))
+    for unit, size in units:
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    for unit, size in units:
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:g} s"
 
 
 class Fires:

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagVersion
+from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagVersion
 from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunType
@@ -65,6 +65,7 @@ def fire_due_schedules(
     epoch: int,
     default_queue_timeout_s: float,
     limit: int = 500,
+    default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
 ) -> FireReport:
     """Create the runs of every due slot of up to `limit` schedules, in one fenced transaction."""
 
@@ -91,7 +92,14 @@ def fire_due_schedules(
             elif plan.fires or plan.next_fire_at != row.next_fire_at:
                 plans.append(plan)
         runs, instances = _build_runs(
-            db, conn, plans, report, epoch=epoch, now=now, queue_timeout_s=default_queue_timeout_s
+            db,
+            conn,
+            plans,
+            report,
+            epoch=epoch,
+            now=now,
+            queue_timeout_s=default_queue_timeout_s,
+            task_timeout_s=default_task_timeout_s,
         )
         moves = [(p.row.dag_id, p.row.next_fire_at, p.last_fire_at, p.next_fire_at) for p in plans]
         moved = schedule_store.advance(conn, moves, now=now)
@@ -117,6 +125,7 @@ def _build_runs(
     epoch: int,
     now: datetime,
     queue_timeout_s: float,
+    task_timeout_s: float | None,
 ) -> tuple[list[RunInfo], list[dict[str, Any]]]:
     """The runs (and task instances) of the planned slots that have no scheduled run yet."""
     wanted = [(p.row.dag_id, start) for p in plans for _, start in p.fires]
@@ -137,7 +146,10 @@ def _build_runs(
         version = versions[plan.row.latest_version_id]
         if version.id not in defaults:
             try:
-                defaults[version.id] = resolve_params(plan.row.dag_id, version.structure.params_schema, {})
+                structure = version.structure
+                defaults[version.id] = resolve_params(
+                    plan.row.dag_id, structure.params_schema, {}, rules=structure.param_rules
+                )
             except ParamsInvalid as exc:
                 log.error(
                     "scheduled run not created: params have no valid defaults",
@@ -162,6 +174,7 @@ def _build_runs(
                 triggered_by=SCHEDULER_IDENTITY,
                 now=now,
                 default_queue_timeout_s=queue_timeout_s,
+                default_task_timeout_s=task_timeout_s,
                 leader_epoch=epoch,
             )
             runs.append(run)

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import timedelta
 
+from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.datasets import trigger_dataset_runs
 from treadle.engine.leadership import Leadership
@@ -78,6 +79,7 @@ class Scheduler:
         max_skew_s: float = 2.0,
         holder: str | None = None,
         on_pruned: Callable[[list[str]], object] | None = None,
+        default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
     ) -> None:
         self.db = db
         #: Deletes the files of runs that retention pruned (given by the process that knows where).
@@ -88,6 +90,8 @@ class Scheduler:
         #: Finished history older than this many days is pruned; 0 keeps everything.
         self.retention_days = retention_days
         self.default_queue_timeout_s = default_queue_timeout_s
+        #: Timeout of the task instances it creates whose task sets none (None: no timeout).
+        self.default_task_timeout_s = default_task_timeout_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leadership = Leadership(db, holder=self.holder, lease_s=leader_lease_s, max_skew_s=max_skew_s)
         #: Monotonic time of the next retention batch; 0 makes the first pass prune.
@@ -151,6 +155,7 @@ class Scheduler:
                     epoch=fenced_epoch,
                     default_queue_timeout_s=self.default_queue_timeout_s,
                     limit=FIRE_BATCH,
+                    default_task_timeout_s=self.default_task_timeout_s,
                 )
 
             reports = [one_pass(0)] if width == 1 else list(self.fire_pool.map(one_pass, range(width)))
@@ -175,7 +180,11 @@ class Scheduler:
         if epoch is None:
             return {}
         created = trigger_dataset_runs(
-            self.db, holder=self.holder, epoch=epoch, default_queue_timeout_s=self.default_queue_timeout_s
+            self.db,
+            holder=self.holder,
+            epoch=epoch,
+            default_queue_timeout_s=self.default_queue_timeout_s,
+            default_task_timeout_s=self.default_task_timeout_s,
         )
         return {"dataset_runs": created}
 
@@ -185,7 +194,11 @@ class Scheduler:
         if epoch is None:
             return {}
         handled = drain_backfills(
-            self.db, holder=self.holder, epoch=epoch, default_queue_timeout_s=self.default_queue_timeout_s
+            self.db,
+            holder=self.holder,
+            epoch=epoch,
+            default_queue_timeout_s=self.default_queue_timeout_s,
+            default_task_timeout_s=self.default_task_timeout_s,
         )
         return {"backfill_intervals": handled}
 

@@ -229,6 +229,17 @@ def list_datasets(conn: Connection) -> list[DatasetRow]:
     ]
 
 
+def last_event_times(conn: Connection, names: Iterable[str]) -> dict[str, datetime]:
+    """When each named dataset had its newest event (datasets without any are left out)."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    stmt = sa.select(datasets.c.name, datasets.c.last_event_at).where(
+        datasets.c.name.in_(wanted), datasets.c.last_event_at.is_not(None)
+    )
+    return {r.name: r.last_event_at for r in conn.execute(stmt)}
+
+
 def exists(conn: Connection, name: str) -> bool:
     """True if the dataset has a row."""
     return conn.execute(sa.select(datasets.c.name).where(datasets.c.name == name)).first() is not None

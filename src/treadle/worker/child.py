@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
-from treadle.authoring.loader import folder_signature, load_file
+from treadle.authoring.loader import FolderModules, dag_files, folder_signature, load_file, make_importable
 from treadle.authoring.outcomes import PYTHON_FAILURE_EXIT_CODE, TaskOutcome
 from treadle.authoring.specs import Dag
 from treadle.domain.exit_codes import Disposition, ExitContract
@@ -41,6 +41,8 @@ class DagCache:
 
     The fork server keeps one up to date with `refresh` before each fork, so its children start
     from the current code; a child re-imports a file itself when an attempt's version differs.
+    DAG files may import modules of the folder; when one of those changes, every DAG file is
+    imported again (any of them may use it), with the module's current code.
     """
 
     def __init__(
@@ -63,6 +65,10 @@ class DagCache:
         self.stats: dict[str, tuple[int, int]] = {}
         #: sha256 of each imported file, taken when it was imported (the code version that runs).
         self.file_hashes: dict[str, str] = {}
+        #: Every Python file of the folder as last refreshed (DAG files and their modules).
+        self.signature: dict[str, tuple[int, int]] = {}
+        self.modules = FolderModules(folder)
+        make_importable(folder)
         self.reload_all()
 
     def _load(self, path: str) -> list[Dag]:
@@ -75,18 +81,23 @@ class DagCache:
 
     def reload_all(self) -> None:
         """Import the whole folder (but the files in `skip`)."""
-        self.by_file, self.stats = {}, {}
+        self.by_file, self.stats, self.signature = {}, {}, {}
         self.refresh(self.skip)
 
     def refresh(self, skip: Collection[str]) -> list[str]:
         """Import again the files that changed (size or mtime) since they were imported, the new
-        ones, and those no longer in `skip`; forget removed and skipped files. Returns the files
-        imported. As load_folder: each file within the time limit, a DAG id defined twice is
-        kept from the first file (in path order)."""
+        ones, and those no longer in `skip`; forget removed and skipped files; import every file
+        again when a module they may import changed. Returns the files imported. As load_folder:
+        each file within the time limit, a DAG id defined twice is kept from the first file (in
+        path order)."""
         skip = frozenset(skip)
-        current = {path: (mtime, size) for path, mtime, size in folder_signature(self.folder)}
-        if current == self.stats and skip == self.skip:
+        signature = {path: (mtime, size) for path, mtime, size in folder_signature(self.folder)}
+        if signature == self.signature and skip == self.skip:
             return []
+        if self.modules.forget_changed():
+            self.by_file = {}
+        names = {str(p) for p in dag_files(self.folder)}
+        current = {path: stat for path, stat in signature.items() if path in names}
         imported = []
         for path in list(self.by_file):
             if path not in current or path in skip:
@@ -98,7 +109,9 @@ class DagCache:
                 self.on_file(path)
             self.by_file[path] = self._load(path)
             imported.append(path)
+        self.modules.note_imported(signature)
         self.stats = {p: s for p, s in current.items() if p in self.by_file}
+        self.signature = signature
         self.skip = skip
         dags: dict[str, Dag] = {}
         for path in sorted(self.by_file):
@@ -113,9 +126,12 @@ class DagCache:
         if self.hashes.get(dag_id) != version_hash:
             current = self.dags.get(dag_id)
             if current is not None and current.fileloc:
+                before = {path: (mtime, size) for path, mtime, size in folder_signature(self.folder)}
+                self.modules.forget_changed()
                 for d in self._load(current.fileloc):
                     self.dags[d.dag_id] = d
                     self.hashes[d.dag_id] = d.structure().content_hash()
+                self.modules.note_imported(before)
             if self.hashes.get(dag_id) != version_hash:
                 self.reload_all()
         found = self.dags.get(dag_id)

@@ -1,0 +1,79 @@
+"""One DAG as an operator looks it up: structure, contract, schedule, outputs' freshness, latest runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.dag_version import DagVersion
+from treadle.domain.records import DagInfo, RunInfo
+from treadle.engine.dags import version_of
+from treadle.engine.queries import runs_for_operators
+from treadle.errors import DagNotFound
+from treadle.store import dags as dag_store
+from treadle.store import datasets as dataset_store
+from treadle.store import runs as run_store
+from treadle.store import schedules as schedule_store
+from treadle.store.database import Database, db_now
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputFreshness:
+    """One output dataset of a DAG: its newest event and whether that is within the DAG's SLO."""
+
+    name: str
+    last_event_at: datetime | None
+    #: Seconds since the newest event (None: none yet).
+    age_s: float | None
+    #: None when the DAG has no freshness SLO; False also when the dataset never had an event.
+    within_slo: bool | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DagDetail:
+    """A registered DAG with its latest version and what happened to it lately."""
+
+    dag: DagInfo
+    version: DagVersion
+    #: The schedule's watermark: last fire time and the next one it waits for (None: none).
+    last_fire_at: datetime | None
+    next_fire_at: datetime | None
+    outputs: list[OutputFreshness]
+    #: Newest first, secret params masked.
+    runs: list[RunInfo]
+    #: The database's time when this was read.
+    now: datetime
+
+
+def dag_detail(db: Database, dag_id: str, *, runs: int = 10) -> DagDetail:
+    """Everything `treadle dags show` prints about one DAG. Raises DagNotFound."""
+
+    def work(conn: Connection) -> DagDetail:
+        dag = dag_store.get_dag(conn, dag_id)
+        if dag is None or dag.latest_version_id is None:
+            raise DagNotFound(f"no DAG {dag_id!r} is registered (run `treadle dags sync`?)")
+        version = version_of(db, conn, dag.latest_version_id)
+        now = db_now(conn)
+        schedule = schedule_store.get(conn, dag_id)
+        names = version.structure.outputs()
+        newest = dataset_store.last_event_times(conn, names)
+        slo = version.structure.contract.freshness_slo_s
+        return DagDetail(
+            dag=dag,
+            version=version,
+            last_fire_at=schedule.last_fire_at if schedule else None,
+            next_fire_at=schedule.next_fire_at if schedule else None,
+            outputs=[_freshness(name, newest.get(name), slo_s=slo, now=now) for name in names],
+            runs=runs_for_operators(db, conn, run_store.list_runs(conn, dag_id=dag_id, limit=runs)),
+            now=now,
+        )
+
+    return db.query(work)
+
+
+def _freshness(name: str, last: datetime | None, *, slo_s: float | None, now: datetime) -> OutputFreshness:
+    age = None if last is None else max((now - last).total_seconds(), 0.0)
+    within = None if slo_s is None else age is not None and age <= slo_s
+    return OutputFreshness(name=name, last_event_at=last, age_s=age, within_slo=within)
