@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
 from treadle.domain.urls import parse_database_url
 from treadle.errors import ConfigError, SettingOutOfRange
 
@@ -49,6 +50,8 @@ class Settings:
     backfill_max_span_days: float = 366.0
     #: Longest a DAG file may take to import; past it the file is a load error.
     dag_import_timeout_s: float = 30.0
+    #: Most instances a mapped task may expand into, unless the task sets its own max_map_length.
+    max_map_length: int = DEFAULT_MAX_MAP_LENGTH
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -139,6 +142,7 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     _spec("TREADLE_MAX_CLOCK_SKEW_SECONDS", "max_clock_skew_s", 0.01, 600, note="below the scheduler lease"),
     _spec("TREADLE_BACKFILL_MAX_SPAN_DAYS", "backfill_max_span_days", 1, 36500, "days"),
     _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
+    _spec("TREADLE_MAX_MAP_LENGTH", "max_map_length", 1, 1_000_000, "instances", is_integer=True),
 )
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
 from treadle.authoring.loader import folder_signature, load_file
-from treadle.authoring.specs import Dag
+from treadle.authoring.specs import Dag, downstream_of
+from treadle.domain.branching import InvalidBranch, chosen_branches
 from treadle.worker.containment import become_subreaper, kill_stray_processes
 from treadle.worker.protocol import Message, error_message, receive, send
 
@@ -123,6 +124,7 @@ def _context(msg: Message, manifest_path: str | None) -> TaskContext:
         manifest_path=manifest_path,
         upstream_results=msg.get("upstream_results") or {},
         outlets=tuple(msg.get("outlets") or ()),
+        map_index=int(msg.get("map_index", -1)),
     )
 
 
@@ -196,6 +198,12 @@ def call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tupl
         return _not_retryable(
             "ResultTooLarge", f"result is {len(encoded)} bytes; the limit is {max_result_bytes}"
         )
+    if node.branch:
+        # A branch's result is the list of downstream tasks it chose (the others are skipped).
+        try:
+            value = chosen_branches(node.task_id, value, downstream_of(dag, node.task_id))
+        except InvalidBranch as exc:
+            return _not_retryable("InvalidBranch", str(exc))
     reply: Message = {"ok": True, "value": value}
     if context is not None and context.outlet_events:
         problem = _outlet_events_problem(context.outlet_events)
