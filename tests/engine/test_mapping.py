@@ -392,3 +392,22 @@ def test_pruning_an_old_run_deletes_its_mapped_elements(db_url: str) -> None:
             assert conn.execute(sa.select(sa.func.count()).select_from(task_map_items)).scalar_one() == 0
     finally:
         runner.close()
+
+
+MIXED = ["text", 'quote " and \\\\ slash', {"k": [1, 2]}, True, False, None, 1.5, [3, "x"], 7, -2, "", {}]
+
+
+@task
+def mixed() -> list[Any]:
+    return MIXED
+
+
+def test_each_instance_gets_its_element_as_the_json_it_was(db_url: str) -> None:
+    @dag(dag_id="mixed")
+    def mixed_dag() -> None:
+        collect(echo.expand(item=mixed()))
+
+    result = run_dag(mixed_dag, database_url=db_url)
+    assert result.state == "success"
+    assert result.results["collect"] == MIXED
+    assert [type(v) for v in result.results["collect"]] == [type(v) for v in MIXED]

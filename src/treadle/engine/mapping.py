@@ -80,12 +80,17 @@ def expand(
         return Expansion(queues=[], ended=End.SKIPPED)
     template = mapping_store.waiting_row(conn, row_id)
     active = first_active(len(checked), definition.max_active_mapped)
-    ids = mapping_store.expand(
+    if not mapping_store.expand(
         conn, row_id=row_id, template=template, length=len(checked), active=active, now=now
-    )
-    if not ids:
+    ):
         return Expansion(queues=[])
-    mapping_store.put_items(conn, run_id, list(zip(ids, checked, strict=True)))
+    mapping_store.copy_elements(
+        conn,
+        run_id=run_id,
+        task_id=task_id,
+        source=source,
+        source_mapped=version.structure.tasks[source].map_arg is not None,
+    )
     mapping_store.add_to_totals(
         conn, run_id=run_id, task_ids=version.downstream[task_id], delta=len(checked) - 1
     )
@@ -162,9 +167,11 @@ def claim_inputs(
     missing = [p for p in plain if p not in known]
     results: dict[tuple[str, str], Any] = {**attempt_store.get_results(conn, missing), **known}
     results.update(mapping_store.mapped_results(conn, lists))
-    elements = mapping_store.items(conn, [r.id for r in rows if r.map_index >= 0])
+    elements = mapping_store.items(
+        conn, [(r.run_id, r.task_id, r.map_index) for r in rows if r.map_index >= 0]
+    )
     return [
-        ({u: results.get((run, u)) for run, u in pairs}, elements.get(r.id))
+        ({u: results.get((run, u)) for run, u in pairs}, elements.get((r.run_id, r.task_id, r.map_index)))
         for r, pairs in zip(rows, wanted, strict=True)
     ]
 

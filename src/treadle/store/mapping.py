@@ -44,13 +44,12 @@ def expand(
     length: int,
     active: int,
     now: datetime,
-) -> list[int]:
-    """Turn the waiting row into instance 0 and insert instances 1..length-1; the first `active`
-    are queued, the rest wait (held back). Returns the ids by map index; [] if the row was no
-    longer waiting (nothing is written then)."""
-    deadline = (
-        None if template["queue_timeout_s"] is None else now + timedelta(seconds=template["queue_timeout_s"])
-    )
+) -> bool:
+    """Turn the waiting row into instance 0 and create instances 1..length-1 from it, in one
+    INSERT ... SELECT (the database makes the rows); the first `active` are queued, the rest
+    wait (held back). False if the row was no longer waiting (nothing is written then)."""
+    timeout = template["queue_timeout_s"]
+    deadline = None if timeout is None else now + timedelta(seconds=timeout)
     moved = conn.execute(
         sa.update(ti)
         .where(
@@ -65,53 +64,83 @@ def expand(
             dispatch_deadline=sa.literal(deadline, UTCDateTime()),
         )
     ).rowcount
-    if not moved:
-        return []
-    rows = []
-    for i in range(1, length):
-        queued = i < active
-        rows.append(
-            {
-                **{c: template[c] for c in _COPIED},
-                "map_index": i,
-                "state": (TaskState.QUEUED if queued else TaskState.PENDING).value,
-                "attempt": 0,
-                "budget_base": 0,
-                "orphaned_count": 0,
-                "upstream_total": 0,
-                "upstream_done": 0,
-                "upstream_failures": 0,
-                "upstream_skips": 0,
-                "queued_at": now if queued else None,
-                "dispatch_deadline": deadline if queued else None,
-            }
-        )
-    dialects.insert_many(conn, ti, rows)
-    ids = conn.execute(
-        sa.select(ti.c.map_index, ti.c.id)
-        .where(ti.c.run_id == template["run_id"], ti.c.task_id == template["task_id"], ti.c.map_index >= 0)
-        .order_by(ti.c.map_index)
+    if not moved or length < 2:
+        return bool(moved)
+    series = _series(1, length - 1)
+    i = series.c.i
+    queued = i < active
+    at, until = sa.literal(now, UTCDateTime()), sa.literal(deadline, UTCDateTime())
+    copied = {
+        **{c: ti.c[c] for c in _COPIED},
+        "map_index": i,
+        "state": sa.case((queued, TaskState.QUEUED.value), else_=TaskState.PENDING.value),
+        "attempt": sa.literal(0),
+        "budget_base": sa.literal(0),
+        "orphaned_count": sa.literal(0),
+        "upstream_total": sa.literal(0),
+        "upstream_done": sa.literal(0),
+        "upstream_failures": sa.literal(0),
+        "upstream_skips": sa.literal(0),
+        "queued_at": sa.case((queued, at), else_=sa.null()),
+        "dispatch_deadline": sa.case((queued, until), else_=sa.null()),
+    }
+    rows = sa.select(*copied.values()).select_from(series.join(ti, sa.true())).where(ti.c.id == row_id)
+    conn.execute(sa.insert(ti).from_select(list(copied), rows))
+    return True
+
+
+def _series(first: int, last: int) -> sa.Subquery:
+    """The integers first..last as rows of column `i` (any dialect: digits cross-joined)."""
+    digits = sa.union_all(*(sa.select(sa.literal(d, sa.Integer).label("d")) for d in range(10)))
+    places = max(len(str(last)), 1)
+    tables = [digits.subquery(f"d{p}") for p in range(places)]
+    number = sum((t.c.d * 10**p for p, t in enumerate(tables)), sa.literal(0, sa.Integer))
+    joined: sa.FromClause = tables[0]
+    for t in tables[1:]:
+        joined = joined.join(t, sa.true())
+    return (
+        sa.select(number.label("i")).select_from(joined).where(number.between(first, last)).subquery("series")
     )
-    return [r.id for r in ids]
 
 
-def put_items(conn: Connection, run_id: str, items: Sequence[tuple[int, Any]]) -> None:
-    """Store the element of each (instance id, element), replacing one stored before."""
-    if items:
-        stmt = dialects.upsert(conn, task_map_items, key="task_instance_id", update=("run_id", "value"))
-        conn.execute(stmt, [{"task_instance_id": i, "run_id": run_id, "value": v} for i, v in items])
+def copy_elements(conn: Connection, *, run_id: str, task_id: str, source: str, source_mapped: bool) -> None:
+    """Store each instance's element, database-side in one statement: the elements of the
+    source's list result, or, for a mapped source, its instances' results. Elements an earlier
+    expansion of the task stored are replaced."""
+    items = task_map_items
+    conn.execute(sa.delete(items).where(items.c.run_id == run_id, items.c.task_id == task_id))
+    theirs = sa.and_(ti.c.run_id == run_id, ti.c.task_id == source)
+    if source_mapped:
+        rows = (
+            sa.select(sa.literal(run_id), sa.literal(task_id), ti.c.map_index, task_results.c.value)
+            .select_from(ti.outerjoin(task_results, task_results.c.task_instance_id == ti.c.id))
+            .where(theirs, ti.c.map_index >= 0)
+        )
+    else:
+        elements, index, element = dialects.json_array_elements(conn, task_results.c.value)
+        result = sa.select(ti.c.id).where(theirs, ti.c.map_index == -1).scalar_subquery()
+        rows = (
+            sa.select(sa.literal(run_id), sa.literal(task_id), index, element)
+            .select_from(task_results.join(elements, sa.true()))
+            .where(task_results.c.task_instance_id == result)
+        )
+    conn.execute(sa.insert(items).from_select(["run_id", "task_id", "map_index", "value"], rows))
 
 
-def items(conn: Connection, ids: Sequence[int]) -> dict[int, Any]:
-    """The element of each mapped instance, by id."""
-    if not ids:
+def items(conn: Connection, instances: Sequence[tuple[str, str, int]]) -> dict[tuple[str, str, int], Any]:
+    """The element of each mapped instance, by (run id, task id, map index)."""
+    if not instances:
         return {}
+    wanted = sorted(set(instances))
     rows = conn.execute(
-        sa.select(task_map_items.c.task_instance_id, task_map_items.c.value).where(
-            task_map_items.c.task_instance_id.in_(sorted(set(ids)))
+        sa.select(task_map_items).where(
+            task_map_items.c.run_id.in_(sorted({r for r, _, _ in wanted})),
+            sa.tuple_(task_map_items.c.run_id, task_map_items.c.task_id, task_map_items.c.map_index).in_(
+                wanted
+            ),
         )
     )
-    return {r.task_instance_id: r.value for r in rows}
+    return {(r.run_id, r.task_id, r.map_index): r.value for r in rows}
 
 
 def add_to_totals(conn: Connection, *, run_id: str, task_ids: Sequence[str], delta: int) -> None:

@@ -245,10 +245,10 @@ task_attempts = sa.Table(
 task_map_items = sa.Table(
     "task_map_items",
     metadata,
-    sa.Column("task_instance_id", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("run_id", ID, nullable=False),
+    sa.Column("run_id", ID, primary_key=True),
+    sa.Column("task_id", ID, primary_key=True),
+    sa.Column("map_index", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("value", JSONType, nullable=True),
-    sa.Index(None, "run_id"),
     **MYSQL_OPTIONS,
 )
 task_results = sa.Table(

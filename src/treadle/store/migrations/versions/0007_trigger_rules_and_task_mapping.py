@@ -27,20 +27,17 @@ def upgrade() -> None:
         batch.add_column(sa.Column("upstream_skips", sa.Integer, nullable=False, server_default="0"))
     op.create_table(
         "task_map_items",
-        sa.Column("task_instance_id", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("run_id", sa.String(length=250), nullable=False),
+        sa.Column("task_id", sa.String(length=250), nullable=False),
+        sa.Column("map_index", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("value", JSONType, nullable=True),
-        sa.PrimaryKeyConstraint("task_instance_id", name=op.f("pk_task_map_items")),
+        sa.PrimaryKeyConstraint("run_id", "task_id", "map_index", name=op.f("pk_task_map_items")),
         mysql_charset="utf8mb4",
         mysql_collate="utf8mb4_bin",
     )
-    with op.batch_alter_table("task_map_items") as batch:
-        batch.create_index(batch.f("ix_task_map_items_run_id"), ["run_id"], unique=False)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("task_map_items") as batch:
-        batch.drop_index(batch.f("ix_task_map_items_run_id"))
     op.drop_table("task_map_items")
     with op.batch_alter_table("task_instances") as batch:
         batch.drop_column("upstream_skips")
