@@ -2,11 +2,11 @@
 
 Pure: it takes the run's DAG version, the instances' states (read under lock by the engine) and
 the choices of the run's branch tasks, and returns the writes to make, or refuses with a message
-that names the problem. A cleared task goes back to pending (the engine then applies its trigger
-rule to its upstreams as they stand). A mapped task clears its instances one by one, each queued
-again with its element, unless one of its upstreams is cleared too: then it folds back into one
-waiting row and expands again from the new list (its other instances are retired).
-"""
+that names the problem. A cleared task is queued when its trigger rule is met by its upstreams
+as they will stand, else it goes back to pending (the engine then recounts its upstreams). A
+mapped task clears its instances one by one, each queued again with its element, unless one of
+its upstreams is cleared too: then it folds back into one waiting row and expands again from the
+new list (its other instances are retired)."""
 
 from __future__ import annotations
 
@@ -167,22 +167,24 @@ class _Planner:
             picked = {i.id for i in selected}
             self.ends[task_id] = [None if i.id in picked else end_of(i.state) for i in found]
             return
-        self._refuse_blocked(task_id)
+        verdict = self._verdict(task_id)
         keeper, *others = found
         self.resets.append(
             Reset(
                 id=keeper.id,
                 expected=keeper.state,
                 attempt=keeper.attempt,
-                queued=False,
+                # Ready now: queued at once (a mapped task waits to be expanded by the engine).
+                queued=verdict is Verdict.READY and definition.map_arg is None,
                 map_index=-1 if keeper.map_index >= 0 else None,
             )
         )
         self.retires.extend(i.id for i in others)
         self.ends[task_id] = [None]
 
-    def _refuse_blocked(self, task_id: str) -> None:
-        """InvalidRequest if the task's rule could never be met by upstreams as they will stand."""
+    def _verdict(self, task_id: str) -> Verdict:
+        """The task's rule on its upstreams as they will stand; InvalidRequest if it could never
+        be met (an upstream left out of the clear failed, was skipped, or chose other tasks)."""
         listed: list[End | None] = []
         blockers = []
         for u in self.upstream[task_id]:
@@ -205,6 +207,7 @@ class _Planner:
                 f"task {task_id!r} could never run: its upstream {', '.join(blockers)} is not being "
                 "cleared; clear that upstream too (with --downstream to include what follows it)"
             )
+        return verdict
 
 
 _BLOCKING = frozenset({End.FAILED, End.SKIPPED})
