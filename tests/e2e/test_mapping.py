@@ -133,3 +133,19 @@ def test_max_active_mapped_bounds_the_instances_running_at_once(
         running += step
         most = max(most, running)
     assert 1 <= most <= 3
+
+
+def test_tasks_test_runs_one_element_of_a_mapped_task(
+    sqlite_url: str, cluster: Callable[..., Cluster]
+) -> None:
+    c = cluster(sqlite_url)
+    c.write_dag("mapping.py", DAGS, spans=str(c.root / "spans.log"))
+    # square checks that its context.map_index is its item, and adds its partial offset.
+    done = c.cli("tasks", "test", "map_300", "square", "--upstream", "discover=[0, 1, 2]", "--map-index", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "5"
+    done = c.cli("tasks", "test", "paced", "slow", "--upstream", "discover=[5, 6, 7]", "--map-index", "1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "6"
+    past = c.cli("tasks", "test", "paced", "slow", "--upstream", "discover=[5]", "--map-index", "1")
+    assert past.returncode != 0 and "--map-index 1 is past the end of the list (1 elements)" in past.stderr
