@@ -11,6 +11,7 @@ from typing import Any
 
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
+from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
 from treadle.domain.urls import parse_database_url
 from treadle.errors import ConfigError, InvalidRequest, SettingOutOfRange
 
@@ -55,6 +56,8 @@ class Settings:
     artifacts_url: str | None = None
     #: Execution timeout of every task that sets no `timeout=` (None: such tasks may run forever).
     default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S
+    #: Most instances a mapped task may expand into, unless the task sets its own max_map_length.
+    max_map_length: int = DEFAULT_MAX_MAP_LENGTH
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -158,6 +161,7 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     _spec("TREADLE_MAX_CLOCK_SKEW_SECONDS", "max_clock_skew_s", 0.01, 600, note="below the scheduler lease"),
     _spec("TREADLE_BACKFILL_MAX_SPAN_DAYS", "backfill_max_span_days", 1, 36500, "days"),
     _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
+    _spec("TREADLE_MAX_MAP_LENGTH", "max_map_length", 1, 1_000_000, "instances", is_integer=True),
 )
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from treadle.authoring.specs import Dag
+from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH, instance_label
 from treadle.domain.records import AttemptError, AttemptInfo, ClaimedTask, RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, RunType, TaskState
 from treadle.engine import inspection, queries
@@ -44,7 +45,10 @@ class DagRunResult:
     """What an in-process run ended with."""
 
     run: RunInfo
+    #: State by task id; a mapped task's instances appear as `task[0]`, `task[1]`... once it
+    #: expanded (before that, or when it maps over nothing, as `task`).
     task_states: dict[str, str]
+    #: Result by task id; a mapped task's is the list of its instances' results.
     results: dict[str, Any]  # Any: user JSON
     attempt_history: list[AttemptInfo]
     database_url: str
@@ -65,13 +69,20 @@ class DagRunner:
     """Register one DAG on a database and drive its runs to the end in this process."""
 
     def __init__(
-        self, dag: Dag, *, database_url: str | None = None, max_result_bytes: int = 64 * 1024
+        self,
+        dag: Dag,
+        *,
+        database_url: str | None = None,
+        max_result_bytes: int = 64 * 1024,
+        max_map_length: int = DEFAULT_MAX_MAP_LENGTH,
     ) -> None:
         tmp = Path(tempfile.mkdtemp(prefix="treadle-test-"))
         self.dag = dag
         self.database_url = database_url or f"sqlite:///{tmp / 'test.db'}"
         self.max_result_bytes = max_result_bytes
-        self.db = Database(self.database_url, application_name="treadle-testing")
+        self.db = Database(
+            self.database_url, application_name="treadle-testing", max_map_length=max_map_length
+        )
         migrate.upgrade(self.db)
         sync_dags(self.db, structures=[dag.structure()], scanned_files=[], errors={})
 
@@ -100,7 +111,11 @@ class DagRunner:
         detail = queries.run_detail(self.db, run_id)
         return DagRunResult(
             run=detail.run,
-            task_states={t.task_id: t.state for t in detail.task_instances},
+            task_states={
+                instance_label(t.task_id, t.map_index): t.state
+                for t in detail.task_instances
+                if t.map_index >= -1
+            },
             results=detail.results,
             attempt_history=detail.attempts,
             database_url=self.database_url,

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from tests.helpers.wait import wait_for
 from treadle import dag, task
+from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, complete_attempt, hand_back_attempts
 from treadle.engine.reaper import enforce_execution_deadlines, expire_dispatch_deadlines, promote_due_retries
@@ -53,7 +54,7 @@ def _state(runner: DagRunner, run_id: str, task_id: str) -> str:
     return next(t.state for t in queries.run_detail(runner.db, run_id).task_instances if t.task_id == task_id)
 
 
-def test_claim_persists_execution_deadline_only_for_tasks_with_a_timeout(runner: DagRunner) -> None:
+def test_claim_persists_execution_deadline_of_its_own_timeout_or_the_default(runner: DagRunner) -> None:
     runner.trigger()
     claimed = claim_task_instances(
         runner.db, worker_id="w", hostname="h", queues=["default"], limit=10, lease_s=30
@@ -63,7 +64,12 @@ def test_claim_persists_execution_deadline_only_for_tasks_with_a_timeout(runner:
         rows = {r.task_id: r for r in conn.execute(sa.select(task_instances))}
     bounded_row = rows["bounded"]
     assert (bounded_row.timeout_at - bounded_row.started_at).total_seconds() == pytest.approx(0.2, abs=0.002)
-    assert rows["plain"].timeout_at is None
+    # A task with no timeout of its own gets the deployment's default (TREADLE_DEFAULT_TASK_TIMEOUT).
+    plain = rows["plain"]
+    assert plain.timeout_s == DEFAULT_TASK_TIMEOUT_S
+    assert (plain.timeout_at - plain.started_at).total_seconds() == pytest.approx(
+        DEFAULT_TASK_TIMEOUT_S, abs=0.01
+    )
 
 
 def test_queue_no_worker_serves_ends_dispatch_timeout_with_the_reason(runner: DagRunner) -> None:

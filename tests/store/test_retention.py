@@ -23,11 +23,19 @@ from treadle.engine.workers import record_worker
 from treadle.errors import InvalidRequest
 from treadle.scheduler.loop import Scheduler
 from treadle.store.database import Database, db_now
-from treadle.store.tables import audit_log, dag_runs, task_attempts, task_instances, task_results, workers
+from treadle.store.tables import (
+    audit_log,
+    dag_runs,
+    task_attempts,
+    task_instances,
+    task_map_items,
+    task_results,
+    workers,
+)
 from treadle.testing import DagRunner
 
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
-RUN_TABLES = (dag_runs, task_instances, task_attempts, task_results)
+RUN_TABLES = (dag_runs, task_instances, task_attempts, task_results, task_map_items)
 
 
 @pytest.fixture

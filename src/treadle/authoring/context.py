@@ -38,13 +38,17 @@ class TaskContext:
     #: The manifest as a JSON file (also in the environment as TREADLE_MANIFEST_FILE) for
     #: commands the task starts; None outside a worker.
     manifest_path: str | None = None
-    #: Results of upstream tasks by task id. Any: user JSON.
+    #: Results of upstream tasks by task id (a mapped upstream's: the list of its instances'
+    #: results; a mapped instance does not get the list it maps over). Any: user JSON.
     upstream_results: dict[str, Any] = field(default_factory=dict)
     #: Names of the datasets this task declares as outlets (`@task(outlets=[...])`).
     outlets: tuple[str, ...] = ()
     #: Annotations of this attempt's outlet events by dataset name: {"version": str | None,
     #: "metadata": dict}, filled by `outlet_event`. Any: user JSON.
     outlet_events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Position of this instance in the list a mapped task maps over (its element is the mapped
+    #: argument); -1 for a task that is not mapped.
+    map_index: int = -1
 
     @property
     def artifacts(self) -> Artifacts:

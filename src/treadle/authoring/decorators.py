@@ -40,11 +40,14 @@ class TaskFunction:
         task_id: str | None,
         settings: dict[str, Any],
         depends_on: Sequence[str],
+        *,
+        branch: bool = False,
     ) -> None:
         self.fn = fn
         self.task_id = task_id
         self.settings = settings
         self.depends_on = tuple(depends_on)
+        self.branch = branch
         self.signature = inspect.signature(fn)
         functools.update_wrapper(self, fn)
 
@@ -54,7 +57,22 @@ class TaskFunction:
             return self.fn(*args, **kwargs)
         return self._place(dag, args, kwargs)
 
-    def _place(self, dag: Dag, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TaskOutput:
+    def partial(self, **kwargs: Any) -> PartialTask:
+        """Fix the arguments every mapped instance shares: `f.partial(k=v).expand(item=up())`."""
+        return PartialTask(self, kwargs)
+
+    def expand(self, **mapped: Any) -> TaskOutput:
+        """Place a mapped task: one instance per element of an upstream task's list.
+
+        `mapped` is one keyword argument whose value is a task's output (a list when it runs);
+        each instance gets one element as that argument. Arguments shared by every instance go
+        through `partial`. Downstream tasks receive the instances' results as one list in order.
+        """
+        return PartialTask(self, {}).expand(**mapped)
+
+    def _place(
+        self, dag: Dag, args: tuple[Any, ...], kwargs: dict[str, Any], *, map_arg: str | None = None
+    ) -> TaskOutput:
         base = check_identifier("task id", self.task_id or self.fn.__name__)
         if self.task_id is not None and base in dag.tasks:
             raise DagDefinitionError(f"dag {dag.dag_id!r}: duplicate task id {base!r}")
@@ -83,6 +101,8 @@ class TaskFunction:
             takes_context=takes_context,
             upstream=upstream,
             doc=inspect.getdoc(self.fn) or "",
+            branch=self.branch,
+            map_arg=map_arg,
         )
         dag.add_task(node)
         for up in self.depends_on:
@@ -90,35 +110,110 @@ class TaskFunction:
         return TaskOutput(dag, task_id)
 
 
-@overload
-def task(fn: Callable[..., Any], /) -> TaskFunction: ...
-@overload
-def task(
-    *, task_id: str | None = None, depends_on: Sequence[str] = (), **settings: Any
-) -> Callable[[Callable[..., Any]], TaskFunction]: ...
+class PartialTask:
+    """A task function with the arguments its mapped instances share (`TaskFunction.partial`)."""
+
+    def __init__(self, function: TaskFunction, shared: dict[str, Any]) -> None:
+        self.function = function
+        self.shared = shared
+
+    def expand(self, **mapped: Any) -> TaskOutput:
+        """Place the mapped task (see `TaskFunction.expand`)."""
+        fn = self.function
+        where = f"{fn.task_id or fn.fn.__name__}.expand"
+        dag = current_dag()
+        if dag is None:
+            raise DagDefinitionError(f"{where}: a mapped task is placed inside a @dag function")
+        if len(mapped) != 1:
+            raise DagDefinitionError(
+                f"{where} takes exactly one keyword argument, the list to map over "
+                f"(got {', '.join(sorted(mapped)) or 'none'}); pass shared arguments with .partial()"
+            )
+        ((name, source),) = mapped.items()
+        if not isinstance(source, TaskOutput):
+            raise DagDefinitionError(
+                f"{where}: {name}= must be the output of a task call, whose list result is "
+                f"expanded (e.g. process.expand({name}=discover())); got {source!r:.80}"
+            )
+        if fn.branch:
+            raise DagDefinitionError(f"{where}: a branch task cannot be mapped")
+        if name in self.shared:
+            raise DagDefinitionError(f"{where}: {name!r} is given both to partial() and to expand()")
+        return fn._place(dag, (), {**self.shared, name: source}, map_arg=name)
 
 
-def task(
-    fn: Callable[..., Any] | None = None,
-    /,
+def _decorate(
+    fn: Callable[..., Any] | None,
+    task_id: str | None,
+    depends_on: Sequence[str],
+    settings: dict[str, Any],
     *,
-    task_id: str | None = None,
-    depends_on: Sequence[str] = (),
-    **settings: Any,
+    branch: bool,
 ) -> TaskFunction | Callable[[Callable[..., Any]], TaskFunction]:
-    """Declare a task.
-
-    Settings: retries, retry_delay (seconds or timedelta), backoff_factor, max_retry_delay,
-    jitter (0..1), timeout, queue, priority_weight, pool, pool_slots, queue_timeout,
-    on_retry, on_dead_letter, outlets (datasets each success records an event on).
-    `depends_on` names upstream task ids for dependencies that carry no data.
-    """
     check_setting_names(settings, f"@task {task_id or (fn.__name__ if fn else '')}".strip())
 
     def wrap(f: Callable[..., Any]) -> TaskFunction:
-        return TaskFunction(f, task_id, settings, depends_on)
+        return TaskFunction(f, task_id, settings, depends_on, branch=branch)
 
     return wrap(fn) if fn is not None else wrap
+
+
+class TaskDecorator:
+    """`@task` and `@task.branch` (the object `treadle.task` is)."""
+
+    @overload
+    def __call__(self, fn: Callable[..., Any], /) -> TaskFunction: ...
+    @overload
+    def __call__(
+        self, /, *, task_id: str | None = None, depends_on: Sequence[str] = (), **settings: Any
+    ) -> Callable[[Callable[..., Any]], TaskFunction]: ...
+
+    def __call__(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        task_id: str | None = None,
+        depends_on: Sequence[str] = (),
+        **settings: Any,
+    ) -> TaskFunction | Callable[[Callable[..., Any]], TaskFunction]:
+        """Declare a task.
+
+        Settings: retries, retry_delay (seconds or timedelta), backoff_factor, max_retry_delay,
+        jitter (0..1), timeout, queue, priority_weight, pool, pool_slots, queue_timeout,
+        on_retry, on_dead_letter, outlets (datasets each success records an event on),
+        trigger_rule (when it runs given how its upstreams ended: all_success, the default,
+        all_done, all_failed, one_success, one_failed, none_failed,
+        none_failed_min_one_success, always), and for mapped placements (`.expand`)
+        max_map_length and max_active_mapped.
+        `depends_on` names upstream task ids for dependencies that carry no data.
+        """
+        return _decorate(fn, task_id, depends_on, settings, branch=False)
+
+    @overload
+    def branch(self, fn: Callable[..., Any], /) -> TaskFunction: ...
+    @overload
+    def branch(
+        self, /, *, task_id: str | None = None, depends_on: Sequence[str] = (), **settings: Any
+    ) -> Callable[[Callable[..., Any]], TaskFunction]: ...
+
+    def branch(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        task_id: str | None = None,
+        depends_on: Sequence[str] = (),
+        **settings: Any,
+    ) -> TaskFunction | Callable[[Callable[..., Any]], TaskFunction]:
+        """Declare a branch task: it returns the id (or a list of ids, or None for none) of the
+        direct downstream tasks to run; the other direct downstream tasks are skipped, and the
+        skip travels on by their trigger rules. An id that is not a direct downstream fails the
+        task without retries. Settings as for `@task`."""
+        return _decorate(fn, task_id, depends_on, settings, branch=True)
+
+
+task = TaskDecorator()
 
 
 def dag(

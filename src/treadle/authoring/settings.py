@@ -11,6 +11,7 @@ from treadle.authoring.datasets import dataset_names
 from treadle.domain.exit_codes import ExitContract
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.retry import RetryPolicy
+from treadle.domain.trigger_rules import DEFAULT_RULE, TriggerRule, parse_rule
 from treadle.errors import DagDefinitionError
 
 TASK_SETTINGS = (
@@ -29,6 +30,9 @@ TASK_SETTINGS = (
     "on_dead_letter",
     "outlets",
     "exit_codes",
+    "trigger_rule",
+    "max_map_length",
+    "max_active_mapped",
 )
 
 Callback = Callable[..., Any]
@@ -51,6 +55,11 @@ class TaskSettings:
     outlets: tuple[str, ...] = ()
     #: What each exit code (or `sys.exit` code of a Python task) means.
     exit_contract: ExitContract = field(default_factory=ExitContract)
+    #: When it may run, given how its upstreams ended (domain/trigger_rules.py).
+    trigger_rule: TriggerRule = DEFAULT_RULE
+    #: Mapped placements: most elements (None: TREADLE_MAX_MAP_LENGTH), most instances active at once.
+    max_map_length: int | None = None
+    max_active_mapped: int | None = None
 
 
 def _seconds(name: str, value: object, *, allow_zero: bool) -> float:
@@ -132,6 +141,9 @@ def resolve_settings(defaults: Mapping[str, Any], overrides: Mapping[str, Any], 
         on_retry=_check_callback(f"{where}: on_retry", merged.get("on_retry")),
         on_dead_letter=_check_callback(f"{where}: on_dead_letter", merged.get("on_dead_letter")),
         outlets=_outlets(merged.get("outlets"), where),
+        trigger_rule=_trigger_rule(merged.get("trigger_rule", DEFAULT_RULE.value), where),
+        max_map_length=_optional_int(f"{where}: max_map_length", merged.get("max_map_length")),
+        max_active_mapped=_optional_int(f"{where}: max_active_mapped", merged.get("max_active_mapped")),
         exit_contract=exit_contract(merged.get("exit_codes"), where),
     )
 
@@ -159,6 +171,17 @@ def exit_contract(value: object, where: str) -> ExitContract:
     raise DagDefinitionError(
         f'{where}: exit_codes must be an ExitContract, "standard" or a mapping of code lists, got {value!r}'
     )
+
+
+def _trigger_rule(value: object, where: str) -> TriggerRule:
+    try:
+        return parse_rule(value)
+    except ValueError as exc:
+        raise DagDefinitionError(f"{where}: {exc}") from None
+
+
+def _optional_int(name: str, value: object) -> int | None:
+    return None if value is None else _check_int(name, value, minimum=1)
 
 
 def _outlets(value: object, where: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from treadle.domain.graph import find_cycle
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.param_rules import ParamRule
 from treadle.domain.timetable import ScheduleSpec
+from treadle.domain.trigger_rules import TriggerRule
 from treadle.errors import DagDefinitionError
 
 _building: ContextVar[Dag | None] = ContextVar("treadle_building_dag", default=None)
@@ -35,6 +36,10 @@ class TaskNode:
     takes_context: bool
     upstream: set[str] = field(default_factory=set)
     doc: str = ""
+    #: A branch task (`@task.branch`): its result names the direct downstream tasks to run.
+    branch: bool = False
+    #: A mapped placement (`.expand(name=upstream)`): the keyword argument expanded per element.
+    map_arg: str | None = None
 
     def to_def(self) -> TaskDef:
         """Return the serialized definition."""
@@ -56,6 +61,11 @@ class TaskNode:
             outlets=s.outlets,
             doc=self.doc,
             exit_contract=s.exit_contract,
+            trigger_rule=s.trigger_rule.value,
+            branch=self.branch,
+            map_arg=self.map_arg,
+            max_map_length=s.max_map_length if self.map_arg else None,
+            max_active_mapped=s.max_active_mapped if self.map_arg else None,
         )
 
 
@@ -152,6 +162,12 @@ class Dag:
         cycle = find_cycle({k: t.upstream for k, t in self.tasks.items()})
         if cycle:
             raise DagDefinitionError(f"dag {self.dag_id!r} has a cycle: {' -> '.join(cycle)}")
+        for node in self.tasks.values():
+            if node.map_arg is not None and node.settings.trigger_rule is TriggerRule.ALWAYS:
+                raise DagDefinitionError(
+                    f"dag {self.dag_id!r} task {node.task_id!r}: a mapped task waits for the list it "
+                    "maps over, so trigger_rule='always' cannot apply to it"
+                )
 
     def structure(self) -> DagStructure:
         """Return the serialized structure stored in `dag_versions`."""
@@ -168,6 +184,11 @@ class Dag:
             contract=self.contract,
             param_rules=self.param_rules,
         )
+
+
+def downstream_of(dag: Dag, task_id: str) -> list[str]:
+    """The ids of the tasks directly downstream of `task_id` (after `validate`)."""
+    return sorted(k for k, t in dag.tasks.items() if task_id in t.upstream)
 
 
 def current_dag() -> Dag | None:

@@ -6,6 +6,7 @@ import click
 
 from treadle.cli.main import Context, cli, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
+from treadle.domain.mapping import instance_label
 from treadle.engine import dead_letters as letters
 from treadle.errors import InvalidRequest
 
@@ -46,7 +47,7 @@ def list_cmd(ctx: Context, grouped: bool, as_json: bool) -> None:
             (
                 d.task_instance.id,
                 d.task_instance.run_id,
-                d.task_instance.task_id,
+                instance_label(d.task_instance.task_id, d.task_instance.map_index),
                 d.task_instance.dead_letter_reason,
                 d.task_instance.attempt,
                 (
@@ -90,4 +91,4 @@ def requeue_cmd(ctx: Context, task_instance_id: int | None, fp: str | None, as_j
         emit_json(done)
         return
     for t in done:
-        click.echo(f"requeued task instance {t.id} ({t.run_id} / {t.task_id})")
+        click.echo(f"requeued task instance {t.id} ({t.run_id} / {instance_label(t.task_id, t.map_index)})")

@@ -55,7 +55,12 @@ class Context:
         """The database of the settings, as it is (a SQLite file's missing folders are made)."""
         url = self.settings.database_url
         make_sqlite_folder(url)
-        return Database(url, application_name=application_name, pool_size=pool_size)
+        return Database(
+            url,
+            application_name=application_name,
+            pool_size=pool_size,
+            max_map_length=self.settings.max_map_length,
+        )
 
 
 def make_sqlite_folder(url: str) -> None:

@@ -8,6 +8,7 @@ from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.cli.runs import runs_group
 from treadle.cli.tasks import tasks_group
+from treadle.domain.mapping import instance_label
 from treadle.engine import cancellation, diagnosis, queries
 
 
@@ -25,7 +26,7 @@ def why_cmd(ctx: Context, run_id: str, task_id: str | None, as_json: bool) -> No
     table(
         f"Why: {run_id}",
         ["task", "state", "reason", "held by"],
-        [(w.task_id, w.state, w.reason, "; ".join(w.held_by)) for w in found],
+        [(instance_label(w.task_id, w.map_index), w.state, w.reason, "; ".join(w.held_by)) for w in found],
     )
 
 

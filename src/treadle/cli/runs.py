@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
 from treadle.cli.main import Context, cli, pass_context
 from treadle.cli.render import emit_json, fmt_duration, fmt_time, table
+from treadle.domain.mapping import instance_label
 from treadle.engine import queries
 
 
@@ -66,24 +68,25 @@ def show_cmd(ctx: Context, run_id: str, as_json: bool) -> None:
         ["task", "state", "attempts", "duration", "worker", "result"],
         [
             (
-                t.task_id,
+                instance_label(t.task_id, t.map_index),
                 t.state + (f" ({t.dead_letter_reason})" if t.dead_letter_reason else ""),
                 attempts_by_ti.get(t.id, 0),
                 fmt_duration(
                     (t.ended_at - t.started_at).total_seconds() if t.ended_at and t.started_at else None
                 ),
                 t.worker_id,
-                _short(detail.results.get(t.task_id, None)),
+                _short(_result_of(detail.results, t.task_id, t.map_index)),
             )
             for t in detail.task_instances
         ],
     )
+    labels = {t.id: instance_label(t.task_id, t.map_index) for t in detail.task_instances}
     table(
         "Attempts",
         ["task", "#", "outcome", "exit", "duration", "error", "retry in", "host", "code"],
         [
             (
-                a.task_id,
+                labels.get(a.task_instance_id, a.task_id),
                 a.attempt,
                 a.outcome + (f" [{a.late_result}]" if a.late_result else ""),
                 "" if a.exit_code is None else a.exit_code,
@@ -96,6 +99,16 @@ def show_cmd(ctx: Context, run_id: str, as_json: bool) -> None:
             for a in detail.attempts
         ],
     )
+
+
+def _result_of(results: dict[str, Any], task_id: str, map_index: int) -> Any:
+    """A task instance's result: a mapped instance's is its entry in its task's list."""
+    value = results.get(task_id)
+    if map_index < -1:
+        return None  # retired: its result is no longer its task's
+    if map_index >= 0:
+        return value[map_index] if isinstance(value, list) and map_index < len(value) else None
+    return value
 
 
 def _short(value: object) -> str:

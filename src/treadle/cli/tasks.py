@@ -42,9 +42,21 @@ def _parse_upstream(values: tuple[str, ...]) -> dict[str, Any]:
 @click.argument("task_id")
 @click.option("--conf", default="{}", help="Run parameters as a JSON object.")
 @click.option("--upstream", multiple=True, help="Result of an upstream task: TASK_ID=JSON.")
+@click.option(
+    "--map-index",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="For a mapped task: which element of the list it maps over to run with.",
+)
 @pass_context
-def test_cmd(ctx: Context, dag_id: str, task_id: str, conf: str, upstream: tuple[str, ...]) -> None:
-    """Run TASK_ID of DAG_ID in-process and print its result (nothing is recorded)."""
+def test_cmd(
+    ctx: Context, dag_id: str, task_id: str, conf: str, upstream: tuple[str, ...], map_index: int
+) -> None:
+    """Run TASK_ID of DAG_ID in-process and print its result (nothing is recorded).
+
+    A mapped task runs with element --map-index of the list given for the task it maps over.
+    """
     loaded = load_folder(ctx.settings.dags_folder, time_limit_s=ctx.settings.dag_import_timeout_s)
     dag = loaded.dags.get(dag_id)
     if dag is None:
@@ -73,6 +85,8 @@ def test_cmd(ctx: Context, dag_id: str, task_id: str, conf: str, upstream: tuple
         return results.get(ref.upstream) if ref.upstream else ref.literal
 
     kwargs = {k: value(v) for k, v in node.kwargs.items()}
+    if node.map_arg is not None:
+        kwargs[node.map_arg] = _element(kwargs[node.map_arg], node.kwargs[node.map_arg].upstream, map_index)
     if node.takes_context:
         kwargs["context"] = TaskContext(
             run_id="test",
@@ -82,9 +96,19 @@ def test_cmd(ctx: Context, dag_id: str, task_id: str, conf: str, upstream: tuple
             attempt=1,
             params=params,
             upstream_results=results,
+            map_index=map_index if node.map_arg is not None else -1,
         )
     result = node.fn(*[value(a) for a in node.args], **kwargs)
     click.echo(json.dumps(result, indent=2, default=str))
+
+
+def _element(listed: Any, source: str | None, map_index: int) -> Any:
+    """Element `map_index` of the list a mapped task maps over (InvalidRequest naming the problem)."""
+    if not isinstance(listed, list):
+        raise InvalidRequest(f"this task maps over the result of {source}: pass a JSON list with --upstream")
+    if map_index >= len(listed):
+        raise InvalidRequest(f"--map-index {map_index} is past the end of the list ({len(listed)} elements)")
+    return listed[map_index]
 
 
 @tasks_group.command("clear")
@@ -99,8 +123,9 @@ def clear_cmd(
 ) -> None:
     """Run finished TASK_IDs of RUN_ID again, with a fresh retry budget (attempt history is kept).
 
-    A cleared task is queued when its upstreams have succeeded, else it waits for them. Tasks
-    still queued or running are refused. A finished run reopens.
+    A cleared task is queued when its trigger rule is met by its upstreams as they stand, else
+    it waits for them. A mapped task runs its instances again, or expands again when the task it
+    maps over is cleared too. Tasks still queued or running are refused. A finished run reopens.
     """
     report = clear_tasks(
         ctx.db, run_id, list(dict.fromkeys(task_ids)), downstream=downstream, actor=identity(), reason=reason

@@ -68,9 +68,20 @@ class TaskDef:
     doc: str = ""
     #: What each exit code means (written only when not the default, as every later field).
     exit_contract: ExitContract = field(default_factory=ExitContract)
+    #: When it may run, given how its upstreams ended (domain/trigger_rules.py).
+    trigger_rule: str = "all_success"
+    #: A branch task: its result names the direct downstream tasks to run; the others are skipped.
+    branch: bool = False
+    #: A mapped task: the keyword argument whose upstream list is expanded, one instance per element.
+    map_arg: str | None = None
+    #: Most elements it may map over (None: the deployment's TREADLE_MAX_MAP_LENGTH).
+    max_map_length: int | None = None
+    #: Most of its mapped instances queued or running at once (None: no bound).
+    max_active_mapped: int | None = None
 
     def to_json(self) -> dict[str, JSON]:
-        """Return the JSON form."""
+        """Return the JSON form (settings added since the first version only when set, so the
+        version hash of a DAG that does not use them stays what it was)."""
         r = self.retry
         data = self._base_json(r)
         if not self.exit_contract.is_default:
@@ -98,7 +109,18 @@ class TaskDef:
             "has_on_dead_letter": self.has_on_dead_letter,
             "outlets": list(self.outlets),
             "doc": self.doc,
+            **self._newer_json(),
         }
+
+    def _newer_json(self) -> dict[str, JSON]:
+        newer: dict[str, JSON] = {
+            "trigger_rule": self.trigger_rule,
+            "branch": self.branch,
+            "map_arg": self.map_arg,
+            "max_map_length": self.max_map_length,
+            "max_active_mapped": self.max_active_mapped,
+        }
+        return {k: v for k, v in newer.items() if v != _NEWER_DEFAULTS[k]}
 
     @staticmethod
     def from_json(data: dict[str, JSON]) -> TaskDef:
@@ -128,7 +150,34 @@ class TaskDef:
             exit_contract=ExitContract.from_json(data["exit_contract"])
             if "exit_contract" in data
             else ExitContract(),
+            trigger_rule=data.get("trigger_rule", "all_success"),
+            branch=bool(data.get("branch", False)),
+            map_arg=data.get("map_arg"),
+            max_map_length=data.get("max_map_length"),
+            max_active_mapped=data.get("max_active_mapped"),
         )
+
+    @property
+    def is_mapped(self) -> bool:
+        """True if it runs once per element of an upstream's list."""
+        return self.map_arg is not None
+
+    @property
+    def map_source(self) -> str | None:
+        """The upstream task whose list a mapped task expands."""
+        if self.map_arg is None:
+            return None
+        return self.kwargs[self.map_arg].upstream
+
+
+#: Defaults of the TaskDef fields written only when set (see TaskDef.to_json).
+_NEWER_DEFAULTS: dict[str, JSON] = {
+    "trigger_rule": "all_success",
+    "branch": False,
+    "map_arg": None,
+    "max_map_length": None,
+    "max_active_mapped": None,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,6 +67,8 @@ class TaskInstanceInfo:
     run_id: str
     dag_id: str
     task_id: str
+    #: Position of a mapped instance in the list it maps over; -1 for a task that is not mapped.
+    map_index: int = -1
     state: str
     attempt: int
     budget_base: int
@@ -130,6 +132,9 @@ class ClaimedTask:
     conf: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)  # Any: JSON
     upstream_results: dict[str, Any] = field(default_factory=dict)  # Any: user JSON
+    #: A mapped instance's position, and the element of the mapped list it runs with.
+    map_index: int = -1
+    map_item: Any = None  # Any: user JSON
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +152,7 @@ class AttemptRow:
     attempt: int
     budget_base: int
     orphaned_count: int
+    map_index: int = -1
     started_at: datetime | None = None
     timeout_s: float | None = None
     worker_id: str | None = None

@@ -26,6 +26,8 @@ class UseCase(StrEnum):
     HAND_BACK = "hand_back"
     PROMOTE_RETRY = "promote_retry"
     PROPAGATE_FAILURE = "propagate_failure"
+    SKIP = "skip"
+    EXPAND = "expand"
     REQUEUE = "requeue"
     CLEAR = "clear"
     CANCEL = "cancel"
@@ -60,7 +62,12 @@ def _edges(
 #: not a transition.
 TASK_TRANSITIONS: tuple[Transition, ...] = (
     *_edges((_T.QUEUED,), (_T.RUNNING,), UseCase.CLAIM, "a worker claims it (attempt + 1, lease)"),
-    *_edges((_T.PENDING,), (_T.QUEUED,), UseCase.READY, "its last upstream succeeded"),
+    *_edges(
+        (_T.PENDING,),
+        (_T.QUEUED,),
+        UseCase.READY,
+        "its trigger rule is met (by default: its last upstream succeeded)",
+    ),
     *_edges((_T.RUNNING,), (_T.SUCCESS,), UseCase.COMPLETE, "the worker holding the attempt reports success"),
     *_edges((_T.RUNNING,), _RETRY_OR_DEAD, UseCase.FAIL, "the worker holding the attempt reports a failure"),
     *_edges(
@@ -80,16 +87,39 @@ TASK_TRANSITIONS: tuple[Transition, ...] = (
     *_edges((_T.QUEUED,), _RETRY_OR_DEAD, UseCase.DISPATCH_TIMEOUT, "no worker took it before its deadline"),
     *_edges((_T.RUNNING,), (_T.QUEUED,), UseCase.HAND_BACK, "a stopping worker gives it back unstarted"),
     *_edges((_T.RETRY_WAIT,), (_T.QUEUED,), UseCase.PROMOTE_RETRY, "its retry wait is over"),
-    *_edges((_T.PENDING,), (_T.UPSTREAM_FAILED,), UseCase.PROPAGATE_FAILURE, "an upstream failed for good"),
-    *_edges((_T.DEAD_LETTER,), (_T.QUEUED,), UseCase.REQUEUE, "an operator requeues the dead letter"),
-    *_edges((_T.UPSTREAM_FAILED,), (_T.PENDING,), UseCase.REQUEUE, "its failed upstream was requeued"),
     *_edges(
         (_T.PENDING,),
         (_T.UPSTREAM_FAILED,),
+        UseCase.PROPAGATE_FAILURE,
+        "an upstream failed for good and its trigger rule can no longer be met",
+    ),
+    *_edges(
+        (_T.PENDING,),
+        (_T.SKIPPED,),
+        UseCase.SKIP,
+        "skips (a branch that chose other tasks, an empty list to map) left its rule unmet",
+    ),
+    *_edges(
+        (_T.PENDING,),
+        (_T.DEAD_LETTER,),
+        UseCase.EXPAND,
+        "the result it maps over is not a list, or is longer than its cap",
+    ),
+    *_edges((_T.DEAD_LETTER,), (_T.QUEUED,), UseCase.REQUEUE, "an operator requeues the dead letter"),
+    *_edges((_T.UPSTREAM_FAILED,), (_T.PENDING,), UseCase.REQUEUE, "its failed upstream was requeued"),
+    *_edges(
+        (_T.DEAD_LETTER,),
+        (_T.PENDING,),
         UseCase.REQUEUE,
-        "reopened, but another upstream still failed",
+        "an operator requeues a mapped task whose expansion failed: it expands again",
     ),
     *_edges(_CLEARABLE, (_T.QUEUED, _T.PENDING), UseCase.CLEAR, "an operator clears it to run again"),
+    *_edges(
+        (_T.SUCCESS, _T.DEAD_LETTER, _T.UPSTREAM_FAILED, _T.CANCELLED),
+        (_T.SKIPPED,),
+        UseCase.CLEAR,
+        "a cleared mapped task folds back into one instance; the others are retired",
+    ),
     *_edges(_ACTIVE, (_T.CANCELLED,), UseCase.CANCEL, "an operator cancels it or its run"),
 )
 

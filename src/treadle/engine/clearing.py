@@ -1,7 +1,9 @@
 """Clearing task instances: finished tasks of a run go back to run again, with a fresh retry budget.
 
-A cleared task is queued when every upstream has succeeded, else pending with its upstream
-counter recomputed; with `downstream` its transitive downstream is reset too. Attempt history
+A cleared task goes back to pending and its trigger rule is applied to its upstreams as they
+stand (queued at once when it is met); waiting rows after it have their counters recomputed; with
+`downstream` its transitive downstream is reset too. A mapped task's instances are cleared one by
+one, or, when an upstream is cleared too, folded back into one row that expands again. Attempt history
 is kept (the attempt number carries on and becomes the budget base). Active instances are
 never cleared. A finished run reopens. Everything happens in one transaction, with an audit entry.
 """
@@ -15,10 +17,12 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.clearing import plan_clear
 from treadle.engine.dags import version_of
+from treadle.engine.propagation import branch_choices, settle
 from treadle.engine.runs import reopen_run
 from treadle.errors import ClearConflict, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import clearing as clear_store
+from treadle.store import mapping as mapping_store
 from treadle.store import runs as run_store
 from treadle.store.database import Database, db_now
 
@@ -86,15 +90,23 @@ def clear_in_transaction(
     # Instances first, then (in reopen_run) the run, in the order every party locks them.
     instances = clear_store.lock_instances(conn, run_id)
     plan = plan_clear(
-        version, run_id, instances, task_ids=task_ids, downstream=downstream, only_failed=only_failed
+        version,
+        run_id,
+        instances,
+        task_ids=task_ids,
+        downstream=downstream,
+        only_failed=only_failed,
+        branch_choices=branch_choices(conn, version, run_id, instances),
     )
     if not plan.order:
         return []
     now = db_now(conn)
     moved = clear_store.reset_instances(conn, plan.resets, now=now)
-    moved += clear_store.recount_pending(conn, plan.recounts)
-    if moved != len(plan.resets) + len(plan.recounts):
+    moved += mapping_store.retire(conn, plan.retires, now=now)
+    if moved != len(plan.resets) + len(plan.retires):
         raise ClearConflict(run_id=run_id)
+    # Cleared rows and the rows waiting right after them: counters recounted, rules applied.
+    readied = settle(db, conn, version, run_id, plan.order, now=now)
     reopen_run(conn, run_id, now=now)
     audit.record(
         conn,
@@ -110,6 +122,6 @@ def clear_in_transaction(
             "only_failed": only_failed,
         },
     )
-    if plan.queues_any:
+    if plan.queues_any or readied.queues:
         dialects.notify_ready(conn)
     return plan.order

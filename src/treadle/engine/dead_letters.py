@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.graph import topological_order
 from treadle.domain.records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.states import TaskState
-from treadle.domain.transitions import UseCase
 from treadle.engine.dags import version_of
+from treadle.engine.propagation import settle
 from treadle.engine.runs import reopen_run
 from treadle.errors import InvalidRequest, TaskInstanceNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
+from treadle.store import readiness as readiness_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
 from treadle.store.database import Database, db_now
@@ -82,6 +81,10 @@ def group_dead_letters(letters: list[DeadLetter]) -> list[DeadLetterGroup]:
 def requeue_dead_letter(db: Database, task_instance_id: int) -> TaskInstanceInfo:
     """Queue a dead letter again with a fresh retry budget; its downstream and run reopen.
 
+    Its downstream rows that failed because of it wait again, and every waiting row after it
+    has its trigger rule applied anew (`propagation.settle`). A mapped task whose expansion
+    failed expands again instead of being queued.
+
     A reopener of the run open/close protocol: the task-instance writes first, then
     `reopen_run` locks the run and reopens it in the same transaction. A dead letter of a
     cancelled run is refused (RunCancelledError): `tasks clear` reopens such a run explicitly.
@@ -94,17 +97,21 @@ def requeue_dead_letter(db: Database, task_instance_id: int) -> TaskInstanceInfo
         if found.state != TaskState.DEAD_LETTER.value:
             raise InvalidRequest(f"task instance {task_instance_id} is {found.state}, not dead_letter")
         now = db_now(conn)
-        if not ti_store.requeue_dead_letter(conn, task_instance_id=task_instance_id, now=now):
+        run = run_store.get_run(conn, found.run_id)
+        assert run is not None
+        version = version_of(db, conn, run.dag_version_id)
+        # A mapped task that failed to expand is not run: it goes back to waiting and expands again.
+        unexpanded = found.map_index < 0 and version.structure.tasks[found.task_id].map_arg is not None
+        requeue = readiness_store.requeue_to_waiting if unexpanded else ti_store.requeue_dead_letter
+        if not requeue(conn, task_instance_id=task_instance_id, now=now):
             raise InvalidRequest(
                 f"task instance {task_instance_id} changed while it was being requeued; nothing was "
                 "applied (look at it again with `treadle runs show`)"
             )
-        run = run_store.get_run(conn, found.run_id)
-        assert run is not None
-        version = version_of(db, conn, run.dag_version_id)
         downstream = version.all_downstream(found.task_id)
         ti_store.reset_to_pending(conn, run_id=found.run_id, task_ids=downstream)
-        _refail_blocked(conn, found.run_id, version.structure.upstream_map(), downstream, now)
+        # Rows after it counted its failure: recount them and apply their rules again.
+        settle(db, conn, version, found.run_id, [found.task_id, *downstream], now=now)
         reopen_run(conn, found.run_id, now=now, requeued_task=found.task_id)
         dialects.notify_ready(conn)
         updated = ti_store.get_task_instance(conn, task_instance_id)
@@ -112,25 +119,6 @@ def requeue_dead_letter(db: Database, task_instance_id: int) -> TaskInstanceInfo
         return updated
 
     return db.transact(work)
-
-
-def _refail_blocked(
-    conn: Connection,
-    run_id: str,
-    upstream: dict[str, tuple[str, ...]],
-    reopened: list[str],
-    now: datetime,
-) -> None:
-    """Tasks reopened by a requeue that still have another failed upstream go back to failed."""
-    states = {t.task_id: t.state for t in ti_store.list_for_run(conn, run_id)}
-    failed = {TaskState.DEAD_LETTER.value, TaskState.UPSTREAM_FAILED.value}
-    blocked = []
-    for task_id in topological_order({k: upstream[k] for k in upstream}):
-        if task_id in reopened and any(states.get(u) in failed for u in upstream[task_id]):
-            states[task_id] = TaskState.UPSTREAM_FAILED.value
-            blocked.append(task_id)
-    if blocked:
-        ti_store.mark_upstream_failed(conn, run_id=run_id, task_ids=blocked, now=now, by=UseCase.REQUEUE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

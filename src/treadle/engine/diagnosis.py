@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.dag_version import TaskDef
+from treadle.domain.mapping import instance_label
 from treadle.domain.records import TaskInstanceInfo, WorkerInfo
 from treadle.domain.states import TERMINAL_TASK_STATES, TaskState
+from treadle.domain.trigger_rules import DEFAULT_RULE
 from treadle.engine.dags import version_of
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import attempts as attempt_store
@@ -31,6 +35,8 @@ class Waiting:
     reason: str
     #: Who holds what it waits for (task instances, workers), when that applies.
     held_by: tuple[str, ...] = ()
+    #: Position of a mapped instance; -1 for a task that is not mapped (or not yet expanded).
+    map_index: int = -1
 
 
 def live_workers(workers: list[WorkerInfo], *, now: datetime, stale_s: float) -> list[WorkerInfo]:
@@ -98,26 +104,64 @@ def why(db: Database, run_id: str, task_id: str | None = None, *, worker_stale_s
         run = run_store.get_run(conn, run_id)
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
-        every = ti_store.list_for_run(conn, run_id)
-        states = {t.task_id: t.state for t in every}
+        every = [t for t in ti_store.list_for_run(conn, run_id) if t.map_index >= -1]
+        states = _task_states(every)
         instances = every
         if task_id is not None:
             instances = [t for t in instances if t.task_id == task_id]
             if not instances:
                 raise InvalidRequest(f"run {run_id!r} has no task {task_id!r}")
         now = db_now(conn)
-        upstream = version_of(db, conn, run.dag_version_id).structure.upstream_map()
+        tasks = version_of(db, conn, run.dag_version_id).structure.tasks
         return [
-            _explain(conn, t, upstream[t.task_id], states, now=now, stale_s=worker_stale_s) for t in instances
+            _explain(conn, t, tasks[t.task_id], states, now=now, stale_s=worker_stale_s) for t in instances
         ]
 
     return db.query(work)
 
 
+def _task_states(instances: list[TaskInstanceInfo]) -> dict[str, str]:
+    """Each task's state as a waiting task sees it: a mapped task's instances summed up."""
+    grouped: dict[str, list[str]] = {}
+    for t in instances:
+        grouped.setdefault(t.task_id, []).append(t.state)
+    summary = {}
+    for task_id, found in grouped.items():
+        if len(found) == 1:
+            summary[task_id] = found[0]
+            continue
+        counts = Counter(found)
+        summary[task_id] = f"{len(found)} mapped instances: " + ", ".join(
+            f"{n} {state}" for state, n in sorted(counts.items())
+        )
+    return summary
+
+
+def _pending_reason(
+    t: TaskInstanceInfo, definition: TaskDef, states: dict[str, str]
+) -> tuple[str, tuple[str, ...]]:
+    """Why a pending instance waits: its upstreams under its rule, or a mapped sibling."""
+    if t.map_index >= 0:
+        before = t.map_index - (definition.max_active_mapped or 0)
+        return (
+            f"held back by max_active_mapped={definition.max_active_mapped}: queued when instance "
+            f"{instance_label(t.task_id, before)} ends",
+            (f"task instance {instance_label(t.task_id, before)}",),
+        )
+    open_ups = [
+        f"{u} ({states.get(u)})" for u in definition.upstream if states.get(u) != TaskState.SUCCESS.value
+    ]
+    rule = (
+        "" if definition.trigger_rule == DEFAULT_RULE.value else f" (trigger rule {definition.trigger_rule})"
+    )
+    maps = f"; then maps over the result of {definition.map_source}" if definition.map_source else ""
+    return f"upstream not done{rule}: " + ", ".join(open_ups) + maps, tuple(open_ups)
+
+
 def _explain(
     conn: Connection,
     t: TaskInstanceInfo,
-    upstream: tuple[str, ...],
+    definition: TaskDef,
     states: dict[str, str],
     *,
     now: datetime,
@@ -125,7 +169,12 @@ def _explain(
 ) -> Waiting:
     def waiting(reason: str, held_by: tuple[str, ...] = ()) -> Waiting:
         return Waiting(
-            task_instance_id=t.id, task_id=t.task_id, state=t.state, reason=reason, held_by=held_by
+            task_instance_id=t.id,
+            task_id=t.task_id,
+            state=t.state,
+            reason=reason,
+            held_by=held_by,
+            map_index=t.map_index,
         )
 
     if t.state in TERMINAL_TASK_STATES:
@@ -133,8 +182,7 @@ def _explain(
             f"finished: {t.state}" + (f" ({t.dead_letter_reason})" if t.dead_letter_reason else "")
         )
     if t.state == TaskState.PENDING.value:
-        open_ups = [f"{u} ({states.get(u)})" for u in upstream if states.get(u) != TaskState.SUCCESS.value]
-        return waiting("upstream not done: " + ", ".join(open_ups), tuple(open_ups))
+        return waiting(*_pending_reason(t, definition, states))
     if t.state == TaskState.RETRY_WAIT.value:
         last = attempt_store.last_attempts(conn, [t.id]).get(t.id)
         error = f" after attempt {last.attempt} ended {last.outcome}: {last.error_type}" if last else ""

@@ -20,6 +20,8 @@ from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import ending_use_case
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events
+from treadle.engine.mapping import claim_inputs
+from treadle.engine.propagation import FollowUp, after_dead_letter, after_success, deliver
 from treadle.engine.runs import close_run_if_done
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
@@ -102,19 +104,11 @@ def _claim_in(
     if not rows:
         return []
     runs = _runs(db, conn, {r.run_id for r in rows})
-    wanted: list[tuple[str, str]] = []
-    for r in rows:
-        structure = version_of(db, conn, runs[r.run_id].dag_version_id).structure
-        wanted.extend((r.run_id, up) for up in structure.tasks[r.task_id].upstream)
-    missing = [w for w in wanted if w not in known]
-    results = {**(attempt_store.get_results(conn, missing) if missing else {}), **known}
-    claimed = []
-    for r in rows:
-        run = runs[r.run_id]
-        ups = version_of(db, conn, run.dag_version_id).structure.tasks[r.task_id].upstream
-        upstream = {u: results.get((r.run_id, u)) for u in ups}
-        claimed.append(attempt_of(r, run, started_at=r.started_at, upstream_results=upstream))
-    return claimed
+    inputs = claim_inputs(db, conn, rows, {r: run.dag_version_id for r, run in runs.items()}, known)
+    return [
+        attempt_of(r, runs[r.run_id], started_at=r.started_at, upstream_results=upstream, map_item=item)
+        for r, (upstream, item) in zip(rows, inputs, strict=True)
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,6 +212,7 @@ def attempt_of(
     *,
     started_at: datetime | None,
     upstream_results: dict[str, Any] | None = None,
+    map_item: Any = None,
 ) -> ClaimedTask:
     """The attempt that a task instance row (claim or lease columns) and its run describe."""
     return ClaimedTask(
@@ -235,6 +230,8 @@ def attempt_of(
         conf=run.params if run.params is not None else run.conf,
         manifest=run.manifest or {},
         upstream_results=upstream_results or {},
+        map_index=row.map_index,
+        map_item=map_item,
     )
 
 
@@ -337,13 +334,17 @@ def _complete_in(
                 )
             )
     events = _record_successes(db, conn, applied, worker_id=worker_id, hostname=hostname)
-    increments, touched = _downstream_effects(db, conn, applied)
+    increments, follow_ups, touched = _downstream_effects(db, conn, applied)
     readied_queues: set[str] = set()
     readied = (
         ti_store.count_upstream_successes(conn, increments=increments, now=now, queues=readied_queues)
         if increments
         else set()
     )
+    if follow_ups:  # trigger rules, branches, mapped tasks (engine/propagation.py)
+        more = deliver(db, conn, follow_ups, now=now)
+        readied |= more.runs
+        readied_queues |= more.queues
     if readied and not defer_notify:
         dialects.notify_ready(conn)
     # A run where this readied something is active; any other may have just ended (a leaf,
@@ -355,7 +356,8 @@ def _complete_in(
     return _Completed(
         endings=[Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _, _ in items],
         readied_queues=frozenset(readied_queues),
-        values={(a.task.run_id, a.task.task_id): a.value for a in applied},
+        # A mapped instance's value is one element of its task's result, not the result.
+        values={(a.task.run_id, a.task.task_id): a.value for a in applied if a.task.map_index < 0},
     )
 
 
@@ -410,13 +412,16 @@ def _record_successes(
 
 def _downstream_effects(
     db: Database, conn: Connection, applied: list[_Applied]
-) -> tuple[Counter[tuple[str, str]], set[str]]:
-    """Upstream successes to count per (run, downstream task), and the runs the successes touched."""
+) -> tuple[Counter[tuple[str, str]], list[FollowUp], set[str]]:
+    """Upstream successes to count per (run, downstream task) on the hot path, what else they
+    lead to (engine/propagation.py), and the runs the successes touched."""
     increments: Counter[tuple[str, str]] = Counter()
+    follow_ups: list[FollowUp] = []
     for a in applied:
-        downstream = version_of(db, conn, a.task.dag_version_id).downstream[a.task.task_id]
-        increments.update((a.task.run_id, d) for d in downstream)
-    return increments, {a.task.run_id for a in applied}
+        plain, more = after_success(version_of(db, conn, a.task.dag_version_id), a.task, a.value)
+        increments.update((a.task.run_id, d) for d in plain)
+        follow_ups.extend(more)
+    return increments, follow_ups, {a.task.run_id for a in applied}
 
 
 def complete_attempt(
@@ -496,9 +501,7 @@ def fail_attempt(
             started=outcome is not AttemptOutcome.DISPATCH_TIMEOUT,
         )
         if plan.state is TaskState.DEAD_LETTER:
-            ti_store.mark_upstream_failed(
-                conn, run_id=task.run_id, now=now, task_ids=version.all_downstream(task.task_id)
-            )
+            after_dead_letter(db, conn, task, now=now)  # downstream trigger rules decide
             close_run_if_done(conn, task.run_id)
             _record_failed_quality(
                 db, conn, task, error, outlets=version.structure.tasks[task.task_id].outlets, at=now

@@ -15,6 +15,7 @@ from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType, TaskState
 from treadle.domain.transitions import UseCase
+from treadle.domain.trigger_rules import TriggerRule
 from treadle.engine.dags import version_of
 from treadle.errors import DagNotFound, RunCancelledError, RunNotAllowed, RunNotFound
 from treadle.store import dags as dag_store
@@ -172,7 +173,8 @@ def _task_instance_rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for task_id, t in structure.tasks.items():
-        is_root = not t.upstream
+        # Roots, and tasks whose trigger rule is `always`, are ready from the start.
+        is_root = not t.upstream or t.trigger_rule == TriggerRule.ALWAYS.value
         queue_timeout = t.queue_timeout_s or default_queue_timeout_s
         rows.append(
             {

@@ -9,7 +9,7 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.records import AttemptInfo
 from treadle.store import dialects
-from treadle.store.tables import task_attempts, task_results
+from treadle.store.tables import task_attempts, task_instances, task_results
 
 
 def insert_attempt(conn: Connection, **values: Any) -> None:
@@ -65,11 +65,24 @@ def get_results(conn: Connection, pairs: list[tuple[str, str]]) -> dict[tuple[st
 
 
 def results_of_run(conn: Connection, run_id: str) -> dict[str, Any]:
-    """Return every stored result of a run by task id."""
+    """Return every stored result of a run by task id; a mapped task's is the list of its
+    instances' results in map-index order (None where one did not succeed)."""
+    ti = task_instances
     rows = conn.execute(
-        sa.select(task_results.c.task_id, task_results.c.value).where(task_results.c.run_id == run_id)
+        sa.select(
+            ti.c.task_id, ti.c.map_index, ti.c.state, task_results.c.task_instance_id, task_results.c.value
+        )
+        .select_from(ti.outerjoin(task_results, task_results.c.task_instance_id == ti.c.id))
+        .where(ti.c.run_id == run_id, ti.c.map_index >= -1)
+        .order_by(ti.c.task_id, ti.c.map_index)
     )
-    return {r.task_id: r.value for r in rows}
+    found: dict[str, Any] = {}
+    for r in rows:
+        if r.map_index >= 0:
+            found.setdefault(r.task_id, []).append(r.value if r.state == "success" else None)
+        elif r.task_instance_id is not None:
+            found[r.task_id] = r.value
+    return found
 
 
 def insert_attempts(conn: Connection, rows: list[dict[str, Any]]) -> None:

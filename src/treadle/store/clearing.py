@@ -42,7 +42,10 @@ def reset_instances(conn: Connection, resets: Sequence[Reset], *, now: datetime)
             raise TransitionNotAllowed(f"clear never moves {r.expected} to {target.value}")
         values: dict[str, Any] = {
             "state": target.value,
-            "upstream_done": r.upstream_done,
+            # A pending row's counters are recounted from its upstreams right after (settle).
+            "upstream_done": 0,
+            "upstream_failures": 0,
+            "upstream_skips": 0,
             "budget_base": ti.c.attempt,
             "orphaned_count": 0,
             "dead_letter_reason": None,
@@ -56,23 +59,12 @@ def reset_instances(conn: Connection, resets: Sequence[Reset], *, now: datetime)
             if r.queued
             else None,
         }
+        if r.map_index is not None:
+            values["map_index"] = r.map_index
         result = conn.execute(
             sa.update(ti)
             .where(ti.c.id == r.id, ti.c.state == r.expected, ti.c.attempt == r.attempt)
             .values(**values)
-        )
-        moved += result.rowcount
-    return moved
-
-
-def recount_pending(conn: Connection, counts: Sequence[tuple[int, int]]) -> int:
-    """Set the upstream counter of pending task instances: (id, succeeded upstreams) pairs."""
-    moved = 0
-    for instance_id, done in counts:
-        result = conn.execute(
-            sa.update(ti)
-            .where(ti.c.id == instance_id, ti.c.state == TaskState.PENDING.value)
-            .values(upstream_done=done)
         )
         moved += result.rowcount
     return moved

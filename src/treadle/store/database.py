@@ -16,6 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from treadle.domain.dag_version import DagVersion
+from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
 from treadle.domain.records import RunInfo
 from treadle.domain.urls import DatabaseUrl, parse_database_url
 from treadle.errors import ConfigError, DatabaseUnavailable
@@ -113,9 +114,12 @@ class Database:
         application_name: str = "treadle",
         pool_size: int = 5,
         statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+        max_map_length: int = DEFAULT_MAX_MAP_LENGTH,
     ) -> None:
         """`statement_timeout_s` bounds every statement and lock wait of this pool's connections
-        (a worker's heartbeats use a pool of their own with one shorter than the lease)."""
+        (a worker's heartbeats use a pool of their own with one shorter than the lease).
+        `max_map_length` is the deployment's cap on a mapped task's expansion
+        (TREADLE_MAX_MAP_LENGTH), applied by whichever process expands one."""
         self.url = normalise_url(url)
         self.statement_timeout_s = statement_timeout_s
         self.engine: Engine = _create_engine(self.url, application_name, pool_size, statement_timeout_s)
@@ -124,6 +128,7 @@ class Database:
         self.version_cache: dict[int, DagVersion] = {}
         #: Run id -> run, read by claims only for fields fixed at creation (version, date, conf).
         self.run_cache: dict[str, RunInfo] = {}
+        self.max_map_length = max_map_length
         #: Where a SQLite database's wake-ups go (store/wakeups.py); None elsewhere.
         self.wakeups = wakeups.for_url(self.url) if self.dialect == "sqlite" else None
 

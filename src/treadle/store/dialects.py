@@ -218,6 +218,33 @@ def notify_ready(conn: Connection) -> None:
     _notify(conn, READY_CHANNEL)
 
 
+def json_array_elements(conn: Connection, value: Any) -> tuple[sa.FromClause, Any, Any]:
+    """A FROM item with one row per element of the JSON array `value` (a column of a table that
+    precedes it in the FROM clause), its position from 0 and the element as JSON.
+
+    PostgreSQL: `jsonb_array_elements ... WITH ORDINALITY` (lateral). SQLite: `json_each`, whose
+    values are SQL values: strings are quoted back to JSON, numbers turned to their JSON text,
+    and booleans (1 and 0 there) written true and false. MySQL/MariaDB: `JSON_TABLE`.
+    """
+    if conn.dialect.name == "postgresql":
+        pg = sa.func.jsonb_array_elements(value).table_valued("value", with_ordinality="n")
+        rows = pg.render_derived().lateral("elements")
+        return rows, rows.c.n - 1, rows.c.value
+    if conn.dialect.name == "mysql":
+        columns: Any = sa.literal_column("'$[*]' COLUMNS (n FOR ORDINALITY, element JSON PATH '$')")
+        my = sa.func.json_table(value, columns).table_valued("n", "element").alias("elements")
+        return my, my.c.n - 1, my.c.element
+    lite = sa.func.json_each(value).table_valued("key", "value", "type").alias("elements")
+    element = sa.case(
+        (lite.c.type == "text", sa.func.json_quote(lite.c.value)),
+        (lite.c.type == "true", sa.literal("true")),
+        (lite.c.type == "false", sa.literal("false")),
+        (lite.c.type == "null", sa.literal("null")),
+        else_=sa.cast(lite.c.value, sa.Text),
+    )
+    return lite, lite.c.key, element
+
+
 def insert_ignore(conn: Connection, table: sa.Table) -> Any:
     """INSERT that skips rows whose key exists (ON CONFLICT DO NOTHING / INSERT IGNORE)."""
     if conn.dialect.name == "mysql":

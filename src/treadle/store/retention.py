@@ -14,7 +14,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from treadle.domain.states import TERMINAL_RUN_STATES
-from treadle.store.tables import audit_log, dag_runs, task_attempts, task_instances, task_results, workers
+from treadle.store.tables import (
+    audit_log,
+    dag_runs,
+    task_attempts,
+    task_instances,
+    task_map_items,
+    task_results,
+    workers,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +33,7 @@ class PrunedRows:
     task_instances: int = 0
     task_attempts: int = 0
     task_results: int = 0
+    task_map_items: int = 0
     audit_log: int = 0
     workers: int = 0
 
@@ -68,6 +77,7 @@ def count_prunable(conn: Connection, *, cutoff: datetime) -> PrunedRows:
         task_instances=count(task_instances, task_instances.c.run_id.in_(old_runs)),
         task_attempts=count(task_attempts, task_attempts.c.run_id.in_(old_runs)),
         task_results=count(task_results, task_results.c.run_id.in_(old_runs)),
+        task_map_items=count(task_map_items, task_map_items.c.run_id.in_(old_runs)),
         audit_log=count(audit_log, audit_log.c.at < cutoff),
         workers=count(workers, _old_worker_condition(cutoff)),
     )
@@ -92,7 +102,8 @@ def lock_old_runs(conn: Connection, *, cutoff: datetime, limit: int) -> list[str
 
 
 def delete_runs(conn: Connection, run_ids: list[str]) -> PrunedRows:
-    """Delete the given runs with their task instances, attempts and results (children first).
+    """Delete the given runs with their task instances, attempts, results and mapped elements
+    (children first).
 
     Precondition: `run_ids` come from `lock_old_runs` in the same transaction.
     """
@@ -104,6 +115,7 @@ def delete_runs(conn: Connection, run_ids: list[str]) -> PrunedRows:
 
     return PrunedRows(
         task_results=delete(task_results),
+        task_map_items=delete(task_map_items),
         task_attempts=delete(task_attempts),
         task_instances=delete(task_instances),
         dag_runs=delete(dag_runs),

@@ -160,6 +160,9 @@ task_instances = sa.Table(
     sa.Column("dispatch_deadline", UTCDateTime, nullable=True),
     sa.Column("upstream_total", sa.Integer, nullable=False, server_default="0"),
     sa.Column("upstream_done", sa.Integer, nullable=False, server_default="0"),
+    #: Upstream ends that failed or were skipped (trigger rules; `upstream_done` counts successes).
+    sa.Column("upstream_failures", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("upstream_skips", sa.Integer, nullable=False, server_default="0"),
     sa.Column("queued_at", UTCDateTime, nullable=True),
     sa.Column("next_attempt_at", UTCDateTime, nullable=True),
     sa.Column("started_at", UTCDateTime, nullable=True),
@@ -238,6 +241,16 @@ task_attempts = sa.Table(
     **MYSQL_OPTIONS,
 )
 
+#: The element each mapped task instance runs with (its argument), written at expansion.
+task_map_items = sa.Table(
+    "task_map_items",
+    metadata,
+    sa.Column("run_id", ID, primary_key=True),
+    sa.Column("task_id", ID, primary_key=True),
+    sa.Column("map_index", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("value", JSONType, nullable=True),
+    **MYSQL_OPTIONS,
+)
 task_results = sa.Table(
     "task_results",
     metadata,

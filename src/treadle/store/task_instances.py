@@ -27,6 +27,7 @@ _ATTEMPT_COLUMNS = (
     ti.c.attempt,
     ti.c.budget_base,
     ti.c.orphaned_count,
+    ti.c.map_index,
 )
 
 

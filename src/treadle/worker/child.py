@@ -25,7 +25,8 @@ from typing import Any
 from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
 from treadle.authoring.loader import FolderModules, dag_files, folder_signature, load_file, make_importable
 from treadle.authoring.outcomes import PYTHON_FAILURE_EXIT_CODE, TaskOutcome
-from treadle.authoring.specs import Dag
+from treadle.authoring.specs import Dag, TaskNode, downstream_of
+from treadle.domain.branching import InvalidBranch, chosen_branches
 from treadle.domain.exit_codes import Disposition, ExitContract
 from treadle.worker.containment import become_subreaper, kill_stray_processes
 from treadle.worker.protocol import Message, error_message, receive, send
@@ -160,6 +161,7 @@ def _context(msg: Message, manifest_path: str | None) -> TaskContext:
         manifest_path=manifest_path,
         upstream_results=msg.get("upstream_results") or {},
         outlets=tuple(msg.get("outlets") or ()),
+        map_index=int(msg.get("map_index", -1)),
     )
 
 
@@ -265,6 +267,21 @@ def _call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tup
         return {"ok": False, **error_message(exc, user_roots=roots)}
     except BaseException as exc:  # e.g. KeyboardInterrupt raised by user code
         return {"ok": False, **error_message(exc, user_roots=roots)}
+    assert node is not None  # a missing task raised above
+    return _success_reply(dag, node, msg, value, context, max_result_bytes=max_result_bytes)
+
+
+def _success_reply(
+    dag: Dag,
+    node: TaskNode,
+    msg: Message,
+    value: Any,
+    context: TaskContext | None,
+    *,
+    max_result_bytes: int,
+) -> Message:
+    """The reply of a task function that returned `value`: checked as strict JSON within the
+    size limit, a branch's choice resolved, outlet annotations checked."""
     try:
         # Strict JSON (no NaN/Infinity): what every backend stores and every reader parses.
         encoded = json.dumps(value, allow_nan=False)
@@ -280,6 +297,12 @@ def _call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tup
             f"result is {len(encoded)} bytes; the limit is {max_result_bytes} (TREADLE_MAX_RESULT_BYTES): "
             "store large data with `context.artifacts.put(name, data)` and return the URI it gives",
         )
+    if node.branch:
+        # A branch's result is the list of downstream tasks it chose (the others are skipped).
+        try:
+            value = chosen_branches(node.task_id, value, downstream_of(dag, node.task_id))
+        except InvalidBranch as exc:
+            return _not_retryable("InvalidBranch", str(exc))
     reply: Message = {"ok": True, "value": value}
     if context is not None and context.outlet_events:
         problem = _outlet_events_problem(context.outlet_events)

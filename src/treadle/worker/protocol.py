@@ -100,7 +100,12 @@ def run_message(task: ClaimedTask, version: DagVersion) -> Message:
         "upstream_results": task.upstream_results,
         "version_hash": version.version_hash,
         "args": [resolve(a) for a in definition.args],
-        "kwargs": {k: resolve(v) for k, v in definition.kwargs.items()},
+        # A mapped instance's mapped argument is its element of the list.
+        "kwargs": {
+            k: task.map_item if k == definition.map_arg and task.map_index >= 0 else resolve(v)
+            for k, v in definition.kwargs.items()
+        },
+        "map_index": task.map_index,
         # Datasets the task may annotate through `context.outlet_event`.
         "outlets": list(definition.outlets),
     }
