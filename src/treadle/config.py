@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from treadle.domain.commands import parse_allowlist
 from treadle.domain.urls import parse_database_url
 from treadle.errors import ConfigError, SettingOutOfRange
 
@@ -49,6 +50,22 @@ class Settings:
     backfill_max_span_days: float = 366.0
     #: Longest a DAG file may take to import; past it the file is a load error.
     dag_import_timeout_s: float = 30.0
+    #: Where attempt logs go on each worker's host (default $TREADLE_HOME/logs).
+    logs_folder: Path | None = None
+    #: Largest log of one attempt; past it the log says so and the rest is dropped.
+    log_max_bytes: int = 200 * MIB
+    #: Programs command tasks may run (absolute paths or file names, globs); empty: any.
+    command_allowlist: tuple[str, ...] = ()
+
+    @property
+    def logs_dir(self) -> Path:
+        """The attempt logs' folder."""
+        return self.logs_folder if self.logs_folder is not None else self.home / "logs"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where each run's manifest and command outputs live on a worker's host."""
+        return self.home / "runs"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -67,7 +84,15 @@ class Settings:
             lease_s = numbers.get("scheduler_lease_s", DEFAULT_SCHEDULER_LEASE_S)
             short = lease_s <= DEFAULT_MAX_CLOCK_SKEW_S
             numbers["max_clock_skew_s"] = lease_s / 2 if short else DEFAULT_MAX_CLOCK_SKEW_S
-        settings = cls(home=home, database_url=url, dags_folder=folder, **numbers)
+        logs = env.get("TREADLE_LOGS_FOLDER")
+        settings = cls(
+            home=home,
+            database_url=url,
+            dags_folder=folder,
+            logs_folder=Path(logs).expanduser() if logs else None,
+            command_allowlist=parse_allowlist(env.get("TREADLE_COMMAND_ALLOWLIST", "")),
+            **numbers,
+        )
         settings.validate()
         return settings
 
@@ -139,6 +164,7 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     _spec("TREADLE_MAX_CLOCK_SKEW_SECONDS", "max_clock_skew_s", 0.01, 600, note="below the scheduler lease"),
     _spec("TREADLE_BACKFILL_MAX_SPAN_DAYS", "backfill_max_span_days", 1, 36500, "days"),
     _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
+    _spec("TREADLE_LOG_MAX_BYTES", "log_max_bytes", 1024, 1024**4, "bytes", note="1 TiB", is_integer=True),
 )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, overload
 
+from treadle.authoring.commands import command_spec
 from treadle.authoring.datasets import Dataset, dataset_names
 from treadle.authoring.params import build_params_schema
 from treadle.authoring.settings import TASK_SETTINGS, check_setting_names, resolve_settings
@@ -20,6 +21,7 @@ from treadle.authoring.specs import (
     current_dag,
     literal_arg,
 )
+from treadle.domain.commands import CommandSpec
 from treadle.domain.dag_version import ArgRef
 from treadle.domain.timetable import ScheduleSpec, parse_schedule
 from treadle.errors import DagDefinitionError
@@ -38,8 +40,11 @@ class TaskFunction:
         task_id: str | None,
         settings: dict[str, Any],
         depends_on: Sequence[str],
+        command: CommandSpec | None = None,
     ) -> None:
         self.fn = fn
+        #: Set for `@task.command`: the function returns the argv of the program to run.
+        self.command = command
         self.task_id = task_id
         self.settings = settings
         self.depends_on = tuple(depends_on)
@@ -81,6 +86,7 @@ class TaskFunction:
             takes_context=takes_context,
             upstream=upstream,
             doc=inspect.getdoc(self.fn) or "",
+            command=self.command,
         )
         dag.add_task(node)
         for up in self.depends_on:
@@ -88,35 +94,86 @@ class TaskFunction:
         return TaskOutput(dag, task_id)
 
 
-@overload
-def task(fn: Callable[..., Any], /) -> TaskFunction: ...
-@overload
-def task(
-    *, task_id: str | None = None, depends_on: Sequence[str] = (), **settings: Any
-) -> Callable[[Callable[..., Any]], TaskFunction]: ...
+class TaskDecorator:
+    """`@task` (and `@task.command`): declare a task."""
+
+    @overload
+    def __call__(self, fn: Callable[..., Any], /) -> TaskFunction: ...
+    @overload
+    def __call__(
+        self, /, *, task_id: str | None = None, depends_on: Sequence[str] = (), **settings: Any
+    ) -> Callable[[Callable[..., Any]], TaskFunction]: ...
+
+    def __call__(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        task_id: str | None = None,
+        depends_on: Sequence[str] = (),
+        **settings: Any,
+    ) -> TaskFunction | Callable[[Callable[..., Any]], TaskFunction]:
+        """Declare a task.
+
+        Settings: retries, retry_delay (seconds or timedelta), backoff_factor, max_retry_delay,
+        jitter (0..1), timeout, queue, priority_weight, pool, pool_slots, queue_timeout,
+        on_retry, on_dead_letter, outlets (datasets each success records an event on),
+        exit_codes. `depends_on` names upstream task ids for dependencies that carry no data.
+        """
+        check_setting_names(settings, f"@task {task_id or (fn.__name__ if fn else '')}".strip())
+
+        def wrap(f: Callable[..., Any]) -> TaskFunction:
+            return TaskFunction(f, task_id, settings, depends_on)
+
+        return wrap(fn) if fn is not None else wrap
+
+    @overload
+    def command(self, fn: Callable[..., Any], /) -> TaskFunction: ...
+    @overload
+    def command(
+        self,
+        /,
+        *,
+        task_id: str | None = None,
+        depends_on: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        allowed: Sequence[str] | None = None,
+        shell: bool = False,
+        manifest_arg: bool = True,
+        **settings: Any,
+    ) -> Callable[[Callable[..., Any]], TaskFunction]: ...
+
+    def command(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        task_id: str | None = None,
+        depends_on: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        allowed: Sequence[str] | None = None,
+        shell: bool = False,
+        manifest_arg: bool = True,
+        **settings: Any,
+    ) -> TaskFunction | Callable[[Callable[..., Any]], TaskFunction]:
+        """Declare a command task whose function returns the program's argv (a list of strings;
+        one string with `shell=True`). The function takes upstream results and `context` like a
+        `@task`; the program then runs as a `CommandTask` does (see treadle.authoring.commands).
+        """
+        name = f"@task.command {task_id or (fn.__name__ if fn else '')}".strip()
+        check_setting_names(settings, name)
+        spec = command_spec(name, env=env, cwd=cwd, allowed=allowed, shell=shell, manifest_arg=manifest_arg)
+
+        def wrap(f: Callable[..., Any]) -> TaskFunction:
+            return TaskFunction(f, task_id, settings, depends_on, command=spec)
+
+        return wrap(fn) if fn is not None else wrap
 
 
-def task(
-    fn: Callable[..., Any] | None = None,
-    /,
-    *,
-    task_id: str | None = None,
-    depends_on: Sequence[str] = (),
-    **settings: Any,
-) -> TaskFunction | Callable[[Callable[..., Any]], TaskFunction]:
-    """Declare a task.
-
-    Settings: retries, retry_delay (seconds or timedelta), backoff_factor, max_retry_delay,
-    jitter (0..1), timeout, queue, priority_weight, pool, pool_slots, queue_timeout,
-    on_retry, on_dead_letter, outlets (datasets each success records an event on).
-    `depends_on` names upstream task ids for dependencies that carry no data.
-    """
-    check_setting_names(settings, f"@task {task_id or (fn.__name__ if fn else '')}".strip())
-
-    def wrap(f: Callable[..., Any]) -> TaskFunction:
-        return TaskFunction(f, task_id, settings, depends_on)
-
-    return wrap(fn) if fn is not None else wrap
+#: `@task` declares a Python task, `@task.command` a command task.
+task = TaskDecorator()
 
 
 def dag(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.authoring.settings import TaskSettings
+from treadle.domain.commands import CommandSpec
 from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
 from treadle.domain.graph import find_cycle
 from treadle.domain.identifiers import is_identifier
@@ -33,6 +34,8 @@ class TaskNode:
     takes_context: bool
     upstream: set[str] = field(default_factory=set)
     doc: str = ""
+    #: Set for a command task: `fn` then returns its argv (or is not called: a fixed argv).
+    command: CommandSpec | None = None
 
     def to_def(self) -> TaskDef:
         """Return the serialized definition."""
@@ -54,6 +57,7 @@ class TaskNode:
             outlets=s.outlets,
             doc=self.doc,
             exit_contract=s.exit_contract,
+            command=None if self.command is None else self.command.to_json(),
         )
 
 

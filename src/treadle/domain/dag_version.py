@@ -61,6 +61,8 @@ class TaskDef:
     doc: str = ""
     #: What each exit code means (written only when not the default, as every later field).
     exit_contract: ExitContract = field(default_factory=ExitContract)
+    #: A command task's program (domain/commands.py `CommandSpec.to_json`); None: a Python task.
+    command: dict[str, JSON] | None = None
 
     def to_json(self) -> dict[str, JSON]:
         """Return the JSON form."""
@@ -68,6 +70,8 @@ class TaskDef:
         data = self._base_json(r)
         if not self.exit_contract.is_default:
             data["exit_contract"] = self.exit_contract.to_json()
+        if self.command is not None:
+            data["command"] = self.command
         return data
 
     def _base_json(self, r: RetryPolicy) -> dict[str, JSON]:
@@ -121,6 +125,7 @@ class TaskDef:
             exit_contract=ExitContract.from_json(data["exit_contract"])
             if "exit_contract" in data
             else ExitContract(),
+            command=data.get("command"),
         )
 
 

@@ -37,6 +37,7 @@ from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database, is_transient
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
+from treadle.worker.attempt_log import AttemptFiles
 from treadle.worker.child_process import ChildImports, prestart
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import FencedAttempts, LeaseClock
@@ -167,6 +168,7 @@ class Worker:
                 on_fenced=self._fenced_stop,
                 take_next=self._take_buffered,
                 submit=self._submit_success,
+                files=AttemptFiles.of(self.settings),
             )
             self.slots.append(slot)
             slot.start()
