@@ -1,11 +1,13 @@
 """treadle: workflow orchestrator and distributed job scheduler.
 
-The public authoring API: `dag`, `task`, `Param`, `Dataset`, the `TaskContext` a task receives,
-the outcomes a task raises (`Retryable`, `NonRetryable`, `UnknownCommit`) and `ExitContract`.
+The public authoring API: `dag`, `task` (and `task.command`), `CommandTask`, `Param`, `Dataset`,
+the `TaskContext` a task receives, the outcomes a task raises (`Retryable`, `NonRetryable`,
+`UnknownCommit`) and `ExitContract`.
 """
 
 from __future__ import annotations
 
+from treadle.authoring.commands import CommandTask
 from treadle.authoring.context import TaskContext
 from treadle.authoring.datasets import Dataset
 from treadle.authoring.decorators import dag, task
@@ -15,6 +17,7 @@ from treadle.authoring.specs import Dag, TaskOutput
 from treadle.domain.exit_codes import ExitContract
 
 __all__ = [
+    "CommandTask",
     "Dag",
     "Dataset",
     "ExitContract",

@@ -142,6 +142,7 @@ def main() -> None:
         database,
         datasets,
         dead_letters,
+        logs,
         operations,
         pools,
         processes,

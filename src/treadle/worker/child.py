@@ -248,8 +248,7 @@ def _call_task(
     context: TaskContext | None = None
     node = dag.tasks.get(msg["task_id"])
     try:
-        if node is None:
-            raise LookupError(f"task {msg['task_id']!r} is not defined in DAG {dag.dag_id!r}")
+        node = _node(dag, msg["task_id"])
         kwargs: dict[str, Any] = dict(msg.get("kwargs") or {})
         with _manifest_file(msg) as manifest_path:
             if node.takes_context:
@@ -299,6 +298,14 @@ def _call_task(
             return problem
         reply["outlet_events"] = context.outlet_events
     return reply
+
+
+def _node(dag: Dag, task_id: str) -> TaskNode:
+    """The task placed in `dag` under `task_id` (LookupError naming both if there is none)."""
+    node = dag.tasks.get(task_id)
+    if node is None:
+        raise LookupError(f"task {task_id!r} is not defined in DAG {dag.dag_id!r}")
+    return node
 
 
 def _exit_failure(exc: SystemExit, contract: ExitContract, roots: tuple[str, ...]) -> Message | None:
