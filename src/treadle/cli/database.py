@@ -10,6 +10,7 @@ from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
 from treadle.engine import retention
 from treadle.errors import SchemaOutOfDate
 from treadle.store import migrate
+from treadle.worker.run_files import remove_files_of_pruned_runs
 
 
 @cli.group("db")
@@ -65,6 +66,9 @@ def prune(ctx: Context, older_than: str, dry_run: bool, batch_runs: int, as_json
     # Parsed before connecting, so a typo is reported even when the database is down.
     age = parse_duration(older_than)
     report = retention.prune(ctx.db, older_than=age, dry_run=dry_run, batch_runs=batch_runs)
+    if not dry_run:
+        # This host's manifests, outputs and logs of the pruned runs; workers sweep their own.
+        remove_files_of_pruned_runs(ctx.db, runs_dir=ctx.settings.runs_dir, logs_dir=ctx.settings.logs_dir)
     if as_json:
         emit_json(report)
         return

@@ -90,8 +90,9 @@ def _missing(path: Path, location: AttemptLocation) -> AttemptLogMissing:
             f"the host of the worker that ran the attempt; run `treadle logs` there (looked for {path})"
         )
     else:
+        ran = f"it ran on this host ({here})" if location.hostname else "its host is not recorded"
         message = (
-            f"no log of {what} at {path}: the attempt wrote none (it never started), retention removed "
-            "it, or its worker keeps logs elsewhere (TREADLE_LOGS_FOLDER)"
+            f"no log of {what} at {path} ({ran}): the attempt wrote none (it never started), "
+            "retention removed it, or its worker keeps logs elsewhere (TREADLE_LOGS_FOLDER)"
         )
     return AttemptLogMissing(message, path=str(path), hostname=location.hostname)

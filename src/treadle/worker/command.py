@@ -324,7 +324,7 @@ def _refusal(exc: CommandRefused) -> Message:
         "traceback": "",
         "retryable": False,
         "disposition": Disposition.NON_RETRYABLE.value,
+        # None: the program did not run (call_task would otherwise record a Python failure's 1).
+        "exit_code": exc.exit_code,
     }
-    if exc.exit_code is not None:
-        reply["exit_code"] = exc.exit_code
     return reply

@@ -41,6 +41,7 @@ from treadle.worker.attempt_log import AttemptFiles
 from treadle.worker.child_process import ChildImports, prestart
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import FencedAttempts, LeaseClock
+from treadle.worker.run_files import RUN_FILES_SWEEP_S, remove_files_of_pruned_runs
 from treadle.worker.slot import Running, Slot
 
 log = logging.getLogger("treadle.worker")
@@ -175,6 +176,8 @@ class Worker:
         threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
         threading.Thread(target=self._watchdog_loop, name="treadle-watchdog", daemon=True).start()
         threading.Thread(target=self._refresh_loop, name="treadle-dag-refresh", daemon=True).start()
+        if self.settings.retention_days > 0:
+            threading.Thread(target=self._run_files_loop, name="treadle-run-files", daemon=True).start()
         if self.db.supports_wakeups:
             handlers = {READY_CHANNEL: self.wake.set, CANCEL_CHANNEL: self.beat_now.set}
             threading.Thread(
@@ -504,6 +507,16 @@ class Worker:
                 self.refresh_dags()
             except Exception:
                 log.exception("dag refresh failed", extra={"event": "dags.sync_error"})
+
+    def _run_files_loop(self) -> None:
+        """Remove this host's files of runs that retention pruned (worker/run_files.py)."""
+        while not self.stopping.wait(RUN_FILES_SWEEP_S):
+            try:
+                remove_files_of_pruned_runs(
+                    self.db, runs_dir=self.settings.runs_dir, logs_dir=self.settings.logs_dir
+                )
+            except Exception:
+                log.exception("run files sweep failed", extra={"event": "worker.run_files_error"})
 
     def _heartbeat_loop(self) -> None:
         while not self.closed.is_set():
