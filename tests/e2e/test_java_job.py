@@ -22,7 +22,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def _require_javac() -> None:
     """Skip without javac (saying so); in CI, fail: .ci/run installs openjdk-17-jdk-headless."""
     if shutil.which("javac") is None:
-        message = "javac is not installed (.ci/run installs openjdk-17-jdk-headless): the Java example is not tested"
+        message = (
+            "javac is not installed (.ci/run installs openjdk-17-jdk-headless): "
+            "the Java example is not tested"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
