@@ -12,7 +12,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,12 +95,12 @@ def pump(
 
 
 @contextlib.contextmanager
-def redirected_output(log: AttemptLog) -> Iterator[None]:
+def redirected_output(log: AttemptLog, *, before_drain: Callable[[], object] | None = None) -> Iterator[None]:
     """Point this process's fds 1 and 2 (and what its subprocesses inherit) at `log` meanwhile.
 
-    On the way out Python's buffers are flushed and the fds restored; the caller must have
-    ended whatever the task started (containment) first, or the pipe's last writer lingers and
-    the copy stops after DRAIN_S with what it had.
+    On the way out Python's buffers are flushed, the fds restored, then `before_drain` runs
+    (containment: whatever the task left running still holds the pipe, and what it reports
+    belongs in the worker's log), then the copy is waited for (at most DRAIN_S).
     """
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -122,6 +122,8 @@ def redirected_output(log: AttemptLog) -> Iterator[None]:
         os.dup2(saved[1], 2)
         os.close(saved[0])
         os.close(saved[1])
+        if before_drain is not None:
+            before_drain()
         copier.join(DRAIN_S)
 
 

@@ -494,10 +494,10 @@ def _run_logged(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Mess
             reply = run_task(cache, msg, max_result_bytes=max_result_bytes, log=log)
             kill_stray_processes()
             return reply
-        with redirected_output(log):
+        # Containment once the output is restored: its report goes to the worker's log, and
+        # nothing the task started is left holding the attempt's log.
+        with redirected_output(log, before_drain=kill_stray_processes):
             reply = run_task(cache, msg, max_result_bytes=max_result_bytes, log=log)
-            # Before the output is restored: nothing the task started still writes into the log.
-            kill_stray_processes()
         return reply
     finally:
         log.close()

@@ -59,8 +59,10 @@ def write_manifest(runs_dir: Path, run_id: str, manifest: Mapping[str, Any]) -> 
     """Write the run's manifest to RUNS/<run_id>/manifest.json (atomically: several attempts of
     one run may write it at once) and return its path. It stays until run retention removes it."""
     folder = run_folder(runs_dir, run_id)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / MANIFEST_FILE
+    if path.is_file():  # a run's manifest never changes; the rename below makes it whole
+        return path
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=folder, prefix=".manifest-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as out:
