@@ -197,3 +197,18 @@ def test_the_command_is_part_of_the_version_and_old_json_still_reads() -> None:
     python_task = TaskDef(task_id="t")
     assert "command" not in python_task.to_json()
     assert TaskDef.from_json(python_task.to_json()).command is None
+
+
+def test_a_relative_program_runs_from_cwd_and_a_stand_in_replaces_a_shell_command(tmp_path: Path) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text('#!/bin/sh\necho "{\\"cwd\\": \\"$(pwd)\\"}" > "$TREADLE_OUTPUT_DIR/run-output.json"\n')
+    job.chmod(0o755)
+
+    @dag(dag_id="relative")
+    def relative() -> None:
+        CommandTask(task_id="local", argv=["./job.sh"], cwd=tmp_path, manifest_arg=False)
+        CommandTask(task_id="shelly", argv="exit 9", shell=True)
+
+    result = run_dag(relative, commands={"shelly": exit_with(0, result="stood in")})
+    assert result.state == "success"
+    assert result.results == {"local": {"cwd": str(tmp_path)}, "shelly": "stood in"}

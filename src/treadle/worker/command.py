@@ -88,7 +88,7 @@ def run_command(
     """Run the program and describe how it ended, as `child.call_task` replies."""
     try:
         line = _command_line(spec, msg, argv)
-        program = SHELL if spec.shell else str(line[0])
+        program = SHELL if isinstance(line, str) else line[0]
         env = _environment(spec, msg, manifest_path)
         resolved = _check_program(program, spec, msg, env)
         out_dir = _fresh_output_folder(msg)
@@ -98,7 +98,7 @@ def run_command(
     full = _with_manifest(spec, line, manifest_path)
     try:
         proc = subprocess.Popen(
-            full if not spec.shell else [SHELL, "-c", str(full)],
+            [SHELL, "-c", full] if isinstance(full, str) else full,
             executable=resolved,
             env=env,
             cwd=spec.cwd,
@@ -165,9 +165,10 @@ def _environment(spec: CommandSpec, msg: Message, manifest_path: str) -> dict[st
 
 def _check_program(program: str, spec: CommandSpec, msg: Message, env: Mapping[str, str]) -> str:
     """The program's absolute path, if the allow-lists let it run; else CommandRefused."""
-    resolved = shutil.which(program, path=env.get("PATH"))
-    if resolved is None and spec.cwd is not None and os.sep in program:
-        resolved = shutil.which(str(Path(spec.cwd) / program))
+    if spec.cwd is not None and os.sep in program and not os.path.isabs(program):
+        resolved = shutil.which(str(Path(spec.cwd) / program))  # relative to where it runs
+    else:
+        resolved = shutil.which(program, path=env.get("PATH"))
     resolved = os.path.abspath(resolved) if resolved else None
     patterns: Sequence[str] = msg.get("command_allowlist") or ()
     if not program_allowed(program, resolved, patterns):
