@@ -84,6 +84,12 @@ def test_command_exit_classes_logs_outputs_and_allowlist(
     job.write_text(textwrap.dedent(JOB))
     c.write_dag("commands.py", DAG, job=str(job))
     assert c.cli("dags", "sync").returncode == 0
+    # `tasks test` runs the program in place, recording nothing.
+    tried = c.cli("tasks", "test", "commands", "ok")
+    assert tried.returncode == 0 and json.loads(tried.stdout)["rows"] == 3, tried.stderr
+    assert "job ok starting for run test" in tried.stderr
+    broken = c.cli("tasks", "test", "commands", "violation")
+    assert broken.returncode != 0 and "exited with code 30" in broken.stderr
     c.start("scheduler", "scheduler")
     c.start("w1", "worker", "--concurrency", "3")
     run_id = c.trigger("commands")
