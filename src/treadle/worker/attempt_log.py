@@ -9,6 +9,7 @@ disk) loses log lines, never the attempt.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -19,6 +20,8 @@ from pathlib import Path
 from treadle.config import Settings
 from treadle.domain.commands import attempt_log_path
 from treadle.domain.records import ClaimedTask
+
+logger = logging.getLogger("treadle.worker.child")
 
 #: Bytes read from a pipe at a time.
 CHUNK = 64 * 1024
@@ -39,10 +42,15 @@ class AttemptLog:
         self._lock = threading.Lock()
         self._fd: int | None = None
         if path is not None:
-            with contextlib.suppress(OSError):  # no log beats no attempt
+            try:
                 path.parent.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
                 self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
                 self.written = os.fstat(self._fd).st_size
+            except OSError as exc:  # no log beats no attempt; the worker's log says so
+                logger.warning(
+                    "cannot write the attempt's log; its output is dropped",
+                    extra={"event": "attempt.log_unavailable", "path": str(path), "error": str(exc)},
+                )
 
     def write(self, data: bytes) -> None:
         """Append `data`, or what fits under the cap followed by a truncation notice."""
