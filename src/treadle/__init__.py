@@ -13,10 +13,12 @@ from treadle.authoring.datasets import Dataset
 from treadle.authoring.decorators import dag, task
 from treadle.authoring.outcomes import NonRetryable, Retryable, UnknownCommit
 from treadle.authoring.params import Param
+from treadle.authoring.quality import Check, quality_gate
 from treadle.authoring.specs import Dag, TaskOutput
 from treadle.domain.exit_codes import ExitContract
 
 __all__ = [
+    "Check",
     "CommandTask",
     "Dag",
     "Dataset",
@@ -28,6 +30,7 @@ __all__ = [
     "TaskOutput",
     "UnknownCommit",
     "dag",
+    "quality_gate",
     "task",
 ]
 __version__ = "0.1.0"

@@ -50,6 +50,8 @@ class Settings:
     backfill_max_span_days: float = 366.0
     #: Longest a DAG file may take to import; past it the file is a load error.
     dag_import_timeout_s: float = 30.0
+    #: Where artifacts live (an fsspec URL); None: the local disk under `home`.
+    artifacts_url: str | None = None
     #: Where attempt logs go on each worker's host (default $TREADLE_HOME/logs).
     logs_folder: Path | None = None
     #: Largest log of one attempt; past it the log says so and the rest is dropped.
@@ -89,6 +91,7 @@ class Settings:
             home=home,
             database_url=url,
             dags_folder=folder,
+            artifacts_url=env.get("TREADLE_ARTIFACTS_URL") or None,
             logs_folder=Path(logs).expanduser() if logs else None,
             command_allowlist=parse_allowlist(env.get("TREADLE_COMMAND_ALLOWLIST", "")),
             **numbers,
@@ -99,6 +102,12 @@ class Settings:
     def validate(self) -> None:
         """Raise ConfigError naming the first invalid or inconsistent setting."""
         parse_database_url(self.database_url)
+        if self.artifacts_url is not None:
+            from treadle.authoring.artifacts import check_artifacts_url
+
+            problem = check_artifacts_url(self.artifacts_url)
+            if problem is not None:
+                raise ConfigError(problem)
         for spec in NUMERIC_SETTINGS:
             spec.check(getattr(self, spec.field))
         if self.heartbeat_s * 3 > self.lease_s:

@@ -272,3 +272,21 @@ def test_a_contract_changes_the_version_hash_only_when_set() -> None:
         plain2()
 
     assert hash_dag2.structure().to_json()["tasks"]["plain2"]["exit_contract"]["unknown_commit"] == [60]
+
+
+def test_a_waiting_inspection_can_be_cancelled_but_not_cleared(db_url: str, tmp_path: Path) -> None:
+    from treadle.engine.cancellation import cancel_run
+    from treadle.engine.clearing import clear_tasks
+
+    runner = DagRunner(_pipeline(str(tmp_path / "marker")), database_url=db_url)
+    try:
+        run_id = runner.trigger()
+        runner.run_until_done(run_id)
+        with pytest.raises(InvalidRequest, match="tasks resolve"):
+            clear_tasks(runner.db, run_id, ["commit_half"], downstream=False, actor="t", reason="")
+        cancel_run(runner.db, run_id, actor="cli:test", reason="abandon the day")
+        result = runner.result(run_id)
+        assert result.state == "cancelled"
+        assert result.task_states == {"commit_half": "cancelled", "publish": "cancelled"}
+    finally:
+        runner.close()

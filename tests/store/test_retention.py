@@ -260,3 +260,22 @@ def test_cli_prune_dry_run_then_prune_then_bad_values(sqlite_url: str, tmp_path:
         assert failed.returncode == 1, (bad, failed.stderr)
         assert failed.stderr.startswith("error: invalid duration"), failed.stderr
         assert "90d" in failed.stderr or "greater than zero" in failed.stderr
+
+
+def test_pruned_runs_lose_their_files_and_kept_runs_keep_them(sqlite_url: str, tmp_path: Path) -> None:
+    from treadle.authoring.artifacts import Artifacts, run_folder
+
+    home = tmp_path / "home"
+    runner = DagRunner(four_steps, database_url=sqlite_url)
+    try:
+        old, recent = finished_runs(runner, 2)
+        set_run(runner.db, [old], ended_at=LONG_AGO)
+    finally:
+        runner.close()
+    for run_id in (old, recent):
+        Artifacts(run_id=run_id, task_id="t", home=home).put("a", b"1")
+    env = treadle_env(database_url=sqlite_url, dags_folder=tmp_path / "dags", home=home)
+    done = run_cli(["db", "prune", "--older-than", "30d", "--json"], env)
+    assert done.returncode == 0, done.stderr
+    assert not run_folder(home, old).exists()
+    assert (run_folder(home, recent) / "artifacts" / "t" / "a").exists()

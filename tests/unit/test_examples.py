@@ -15,7 +15,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dags"
 def test_examples_load_without_errors() -> None:
     loaded = load_folder(EXAMPLES)
     assert loaded.errors == {}
-    assert set(loaded.dags) == {"daily_sales_report", "flaky_partner_feed", "sales_dashboard", "snapshot_job"}
+    assert set(loaded.dags) == {
+        "daily_sales_report",
+        "flaky_partner_feed",
+        "orders_quality_publish",
+        "sales_dashboard",
+        "snapshot_job",
+    }
 
 
 def test_daily_sales_report_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,6 +55,7 @@ def test_scheduler_never_imports_user_code_loader() -> None:
 
 def test_public_api_is_frozen() -> None:
     assert sorted(treadle.__all__) == [
+        "Check",
         "CommandTask",
         "Dag",
         "Dataset",
@@ -66,6 +67,7 @@ def test_public_api_is_frozen() -> None:
         "TaskOutput",
         "UnknownCommit",
         "dag",
+        "quality_gate",
         "task",
     ]
 

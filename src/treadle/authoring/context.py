@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from treadle.authoring.artifacts import Artifacts
 from treadle.authoring.datasets import Dataset
 
 #: Longest version string an outlet event keeps (the `dataset_events.version` column).
@@ -44,6 +45,11 @@ class TaskContext:
     #: Annotations of this attempt's outlet events by dataset name: {"version": str | None,
     #: "metadata": dict}, filled by `outlet_event`. Any: user JSON.
     outlet_events: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def artifacts(self) -> Artifacts:
+        """This task's artifacts: files handed downstream by URI (authoring/artifacts.py)."""
+        return Artifacts.from_env(run_id=self.run_id, task_id=self.task_id)
 
     def outlet_event(
         self,

@@ -21,6 +21,8 @@ task's exit code is.
 
 from __future__ import annotations
 
+from typing import Any
+
 from treadle.domain.exit_codes import UNKNOWN_COMMIT, Disposition
 
 #: The exit code recorded for a Python task that raised anything but a task outcome.
@@ -33,7 +35,9 @@ class TaskOutcome(Exception):
     disposition: Disposition = Disposition.RETRYABLE
     default_exit_code: int = PYTHON_FAILURE_EXIT_CODE
 
-    def __init__(self, message: str = "", *, exit_code: int | None = None) -> None:
+    def __init__(
+        self, message: str = "", *, exit_code: int | None = None, outputs: dict[str, Any] | None = None
+    ) -> None:
         if exit_code is not None and (
             not isinstance(exit_code, int) or isinstance(exit_code, bool) or not 0 < exit_code <= 255
         ):
@@ -41,6 +45,8 @@ class TaskOutcome(Exception):
         super().__init__(message or type(self).__name__)
         #: The exit code recorded with the attempt.
         self.exit_code = self.default_exit_code if exit_code is None else exit_code
+        #: Structured outputs stored with the attempt, by name (Any: JSON).
+        self.outputs = dict(outputs or {})
 
 
 class Retryable(TaskOutcome):

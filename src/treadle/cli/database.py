@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
+from treadle.authoring.artifacts import delete_run_files
 from treadle.cli.main import Context, cli, pass_context, require_schema
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
@@ -65,9 +68,17 @@ def prune(ctx: Context, older_than: str, dry_run: bool, batch_runs: int, as_json
     """
     # Parsed before connecting, so a typo is reported even when the database is down.
     age = parse_duration(older_than)
-    report = retention.prune(ctx.db, older_than=age, dry_run=dry_run, batch_runs=batch_runs)
+    report = retention.prune(
+        ctx.db,
+        older_than=age,
+        dry_run=dry_run,
+        batch_runs=batch_runs,
+        on_deleted=functools.partial(
+            delete_run_files, ctx.settings.home, artifacts_url=ctx.settings.artifacts_url
+        ),
+    )
     if not dry_run:
-        # This host's manifests, outputs and logs of the pruned runs; workers sweep their own.
+        # This host's manifests, outputs and logs of pruned runs (also of runs pruned elsewhere).
         remove_files_of_pruned_runs(ctx.db, runs_dir=ctx.settings.runs_dir, logs_dir=ctx.settings.logs_dir)
     if as_json:
         emit_json(report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -9,6 +10,7 @@ from types import FrameType
 
 import click
 
+from treadle.authoring.artifacts import delete_run_files
 from treadle.cli.main import Context, cli, pass_context
 from treadle.errors import InvalidRequest
 from treadle.observability.logging import configure_logging
@@ -148,6 +150,9 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         db,
         tick_s=ctx.settings.scheduler_tick_s,
         retention_days=ctx.settings.retention_days,
+        on_pruned=functools.partial(
+            delete_run_files, ctx.settings.home, artifacts_url=ctx.settings.artifacts_url
+        ),
         lease_s=ctx.settings.lease_s,
         leader_lease_s=ctx.settings.scheduler_lease_s,
         default_queue_timeout_s=ctx.settings.queue_timeout_s,

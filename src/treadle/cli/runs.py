@@ -80,16 +80,18 @@ def show_cmd(ctx: Context, run_id: str, as_json: bool) -> None:
     )
     table(
         "Attempts",
-        ["task", "#", "outcome", "duration", "error", "retry in", "host"],
+        ["task", "#", "outcome", "exit", "duration", "error", "retry in", "host", "code"],
         [
             (
                 a.task_id,
                 a.attempt,
                 a.outcome + (f" [{a.late_result}]" if a.late_result else ""),
+                "" if a.exit_code is None else a.exit_code,
                 fmt_duration(a.duration_s),
                 f"{a.error_type}: {a.error_message}"[:120] if a.error_type else "",
                 fmt_duration(a.retry_delay_s),
                 a.hostname,
+                (a.code_version or "")[:12],
             )
             for a in detail.attempts
         ],

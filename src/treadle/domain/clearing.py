@@ -109,9 +109,16 @@ def _refuse_active(run_id: str, targets: set[str], states: dict[str, str]) -> No
     active = sorted(t for t in targets if states[t] not in CLEARABLE_STATES)
     if active:
         listed = ", ".join(f"{t} ({states[t]})" for t in active)
+        inspect = [t for t in active if states[t] == "needs_inspection"]
+        hint = (
+            f"; a task in needs_inspection is resolved with `treadle tasks resolve {run_id} {inspect[0]} "
+            "--as success|failed|requeue --reason ...`"
+            if inspect
+            else ""
+        )
         raise InvalidRequest(
             f"cannot clear task(s) of run {run_id!r} that have not finished: {listed}; "
-            "wait for them to end or cancel them first"
+            f"wait for them to end or cancel them first{hint}"
         )
 
 

@@ -500,9 +500,31 @@ def fail_attempt(
                 conn, run_id=task.run_id, now=now, task_ids=version.all_downstream(task.task_id)
             )
             close_run_if_done(conn, task.run_id)
+            _record_failed_quality(
+                db, conn, task, error, outlets=version.structure.tasks[task.task_id].outlets, at=now
+            )
         return Ending(applied=True, decision=plan.decision)
 
     return db.transact(work)
+
+
+def _record_failed_quality(
+    db: Database,
+    conn: Connection,
+    task: ClaimedTask,
+    error: AttemptError,
+    *,
+    outlets: Sequence[str],
+    at: datetime,
+) -> None:
+    """A quality gate whose blocker failed still records its outlets' events, marked failed, so
+    the failed version is on record; such an event never triggers consumers (store/datasets.py)."""
+    quality = (error.outputs or {}).get("quality")
+    if not outlets or not isinstance(quality, dict):
+        return
+    extra = {"quality": "failed", "checks": quality.get("checks", [])}
+    annotations = {name: OutletEvent(extra=extra) for name in outlets}
+    record_outlet_events(conn, outlet_event_rows(db, conn, task, outlets, annotations, at=at))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

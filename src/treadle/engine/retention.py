@@ -7,6 +7,7 @@ long and can stop (or fail) between batches without leaving a run half deleted.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -53,6 +54,7 @@ def prune(
     dry_run: bool = False,
     batch_runs: int = DEFAULT_BATCH_RUNS,
     max_batches: int | None = None,
+    on_deleted: Callable[[list[str]], object] | None = None,
 ) -> PruneReport:
     """Delete finished runs (with their children), audit entries and workers older than `older_than`.
 
@@ -67,6 +69,8 @@ def prune(
         batch_runs: Most runs deleted per transaction.
         max_batches: Stop after this many batches (the scheduler takes one per pass); None
             loops until nothing old is left.
+        on_deleted: Called with the ids of the runs each batch deleted, once it committed (the
+            caller deletes their files: manifests, outputs, artifacts).
 
     Raises:
         InvalidRequest: `older_than` or a batch bound is not positive.
@@ -81,14 +85,16 @@ def prune(
         return PruneReport(cutoff=cutoff, dry_run=True, batches=0, rows=rows)
     total, batches = PrunedRows(), 0
     while max_batches is None or batches < max_batches:
-        deleted = db.transact(lambda conn: _prune_batch(conn, cutoff=cutoff, batch_runs=batch_runs))
+        deleted, run_ids = db.transact(lambda conn: _prune_batch(conn, cutoff=cutoff, batch_runs=batch_runs))
+        if on_deleted is not None and run_ids:
+            on_deleted(run_ids)
         if deleted.total == 0:
             break
         total, batches = total + deleted, batches + 1
     return PruneReport(cutoff=cutoff, dry_run=False, batches=batches, rows=total)
 
 
-def _prune_batch(conn: Connection, *, cutoff: datetime, batch_runs: int) -> PrunedRows:
+def _prune_batch(conn: Connection, *, cutoff: datetime, batch_runs: int) -> tuple[PrunedRows, list[str]]:
     run_ids = retention_store.lock_old_runs(conn, cutoff=cutoff, limit=batch_runs)
     runs = retention_store.delete_runs(conn, run_ids)
     limit = batch_runs * ROWS_PER_RUN
@@ -96,7 +102,7 @@ def _prune_batch(conn: Connection, *, cutoff: datetime, batch_runs: int) -> Prun
         audit_log=retention_store.delete_old_audit_entries(conn, cutoff=cutoff, limit=limit),
         workers=retention_store.delete_old_workers(conn, cutoff=cutoff, limit=limit),
     )
-    return runs + others
+    return runs + others, list(run_ids)
 
 
 def pruned_runs(db: Database, run_ids: list[str]) -> set[str]:

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import timedelta
@@ -76,8 +77,11 @@ class Scheduler:
         default_queue_timeout_s: float = 600.0,
         max_skew_s: float = 2.0,
         holder: str | None = None,
+        on_pruned: Callable[[list[str]], object] | None = None,
     ) -> None:
         self.db = db
+        #: Deletes the files of runs that retention pruned (given by the process that knows where).
+        self.on_pruned = on_pruned
         self.tick_s = tick_s
         #: A worker silent this long is not live; an unenforced deadline this old is the reaper's.
         self.lease_s = lease_s
@@ -229,7 +233,9 @@ class Scheduler:
             return None
         # Set before pruning, so a failing prune is retried once an interval, not every tick.
         self.next_prune_at = time.monotonic() + RETENTION_INTERVAL_S
-        report = prune(self.db, older_than=timedelta(days=self.retention_days), max_batches=1)
+        report = prune(
+            self.db, older_than=timedelta(days=self.retention_days), max_batches=1, on_deleted=self.on_pruned
+        )
         if report.deleted_anything:
             log.info(
                 "retention pruned",

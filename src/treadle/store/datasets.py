@@ -98,6 +98,11 @@ def record_events(conn: Connection, events: Sequence[Mapping[str, Any]], *, at: 
         conn.execute(dialects.insert_ignore(conn, datasets), [{"name": n, "created_at": at} for n in missing])
         _lock(conn, missing)
     conn.execute(sa.insert(dataset_events), [dict(e) for e in events])
+    # A failed-quality version is recorded but never becomes the dataset's newest event: nothing
+    # is triggered by it (a batch holds either only such events or none: see quality gates).
+    names = sorted({e["dataset"] for e in events if (e.get("extra") or {}).get("quality") != "failed"})
+    if not names:
+        return
     newest = (
         sa.select(sa.func.max(dataset_events.c.id))
         .where(dataset_events.c.dataset == datasets.c.name)

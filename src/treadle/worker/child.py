@@ -266,6 +266,7 @@ def _call_task(
             "disposition": exc.disposition.value,
             "retryable": exc.disposition is Disposition.RETRYABLE,
             "exit_code": exc.exit_code,
+            **({"outputs": _json_outputs(exc.outputs)} if exc.outputs else {}),
         }
     except SystemExit as exc:  # ends the attempt, not the child: classified by the contract
         failure = _exit_failure(
@@ -289,7 +290,9 @@ def _call_task(
         )
     if len(encoded) > max_result_bytes:
         return _not_retryable(
-            "ResultTooLarge", f"result is {len(encoded)} bytes; the limit is {max_result_bytes}"
+            "ResultTooLarge",
+            f"result is {len(encoded)} bytes; the limit is {max_result_bytes} (TREADLE_MAX_RESULT_BYTES): "
+            "store large data with `context.artifacts.put(name, data)` and return the URI it gives",
         )
     reply: Message = {"ok": True, "value": value}
     if context is not None and context.outlet_events:
@@ -366,6 +369,14 @@ def _invoke(
 def _scratch_runs_dir() -> Path:
     """A runs folder for a command run outside a worker without one (removed with /tmp)."""
     return Path(tempfile.mkdtemp(prefix="treadle-runs-"))
+
+
+def _json_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """Outputs an exception carried, as strict JSON (what is not is replaced by its repr)."""
+    try:
+        return dict(json.loads(json.dumps(outputs, allow_nan=False, default=repr)))
+    except (TypeError, ValueError):
+        return {"unserializable": repr(outputs)[:2000]}
 
 
 def _outlet_events_problem(events: dict[str, dict[str, Any]]) -> Message | None:
