@@ -61,7 +61,7 @@ def test_java_snapshot_job_runs_each_scenario(db_url: str, cluster: Callable[...
     assert ok.results["publish"].startswith("snapshot of 3 rows staged at ")
     staged = Path(ok.results["snapshot"]["staging"])
     assert staged.read_text().startswith("region,total")
-    assert staged.is_relative_to(c.home / "runs" / runs["ok"] / "snapshot" / "1")
+    assert staged.is_relative_to(c.home / "runs" / runs["ok"] / "outputs" / "snapshot" / "1")
     [job] = [a for a in ok.attempts if a.task_id == "snapshot"]
     assert (job.exit_code, job.outputs) == (
         0,

@@ -37,7 +37,7 @@ def test_paths_of_an_attempt() -> None:
     mapped = attempt_log_path(Path("/l"), dag_id="d", run_id="r", task_id="t", map_index=4, attempt=1)
     assert mapped == Path("/l/d/r/t.4/1.log")
     assert output_folder(Path("/runs"), run_id="r", task_id="t", map_index=-1, attempt=3) == Path(
-        "/runs/r/t/3"
+        "/runs/r/outputs/t/3"
     )
     with pytest.raises(ValueError, match="cannot name a folder"):
         attempt_log_path(Path("/l"), dag_id="..", run_id="r", task_id="t", map_index=-1, attempt=1)

@@ -92,8 +92,9 @@ def run_folder(runs_dir: Path, run_id: str) -> Path:
 
 
 def output_folder(runs_dir: Path, *, run_id: str, task_id: str, map_index: int, attempt: int) -> Path:
-    """TREADLE_OUTPUT_DIR of one attempt of a command task."""
-    return run_folder(runs_dir, run_id) / instance_folder_name(task_id, map_index) / str(attempt)
+    """TREADLE_OUTPUT_DIR of one attempt of a command task: RUNS/<run_id>/outputs/<task>/<attempt>
+    (beside the run's manifest and its `artifacts/`)."""
+    return run_folder(runs_dir, run_id) / "outputs" / instance_folder_name(task_id, map_index) / str(attempt)
 
 
 def attempt_log_path(
