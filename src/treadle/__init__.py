@@ -1,12 +1,14 @@
 """treadle: workflow orchestrator and distributed job scheduler.
 
-The public authoring API: `dag`, `task`, `Param`, `ParamRule`, `Dataset`, the `TaskContext` a
-task receives, the outcomes a task raises (`Retryable`, `NonRetryable`, `UnknownCommit`),
-`ExitContract`, and quality gates (`quality_gate`, `Check`).
+The public authoring API: `dag`, `task` (and `task.branch`, `task.command`), `CommandTask`,
+`Param`, `ParamRule`, `Dataset`, the `TaskContext` a task receives, the outcomes a task raises
+(`Retryable`, `NonRetryable`, `UnknownCommit`), `ExitContract`, and quality gates
+(`quality_gate`, `Check`).
 """
 
 from __future__ import annotations
 
+from treadle.authoring.commands import CommandTask
 from treadle.authoring.context import TaskContext
 from treadle.authoring.datasets import Dataset
 from treadle.authoring.decorators import dag, task
@@ -18,6 +20,7 @@ from treadle.domain.exit_codes import ExitContract
 
 __all__ = [
     "Check",
+    "CommandTask",
     "Dag",
     "Dataset",
     "ExitContract",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from treadle.domain.commands import parse_allowlist
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
 from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
@@ -58,6 +59,22 @@ class Settings:
     default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S
     #: Most instances a mapped task may expand into, unless the task sets its own max_map_length.
     max_map_length: int = DEFAULT_MAX_MAP_LENGTH
+    #: Where attempt logs go on each worker's host (default $TREADLE_HOME/logs).
+    logs_folder: Path | None = None
+    #: Largest log of one attempt; past it the log says so and the rest is dropped.
+    log_max_bytes: int = 200 * MIB
+    #: Programs command tasks may run (absolute paths or file names, globs); empty: any.
+    command_allowlist: tuple[str, ...] = ()
+
+    @property
+    def logs_dir(self) -> Path:
+        """The attempt logs' folder."""
+        return self.logs_folder if self.logs_folder is not None else self.home / "logs"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where each run's manifest and command outputs live on a worker's host."""
+        return self.home / "runs"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -78,9 +95,15 @@ class Settings:
             numbers["max_clock_skew_s"] = lease_s / 2 if short else DEFAULT_MAX_CLOCK_SKEW_S
         if env.get(DEFAULT_TASK_TIMEOUT.variable):
             numbers["default_task_timeout_s"] = parse_task_timeout(env[DEFAULT_TASK_TIMEOUT.variable])
-        artifacts_url = env.get("TREADLE_ARTIFACTS_URL") or None
+        logs = env.get("TREADLE_LOGS_FOLDER")
         settings = cls(
-            home=home, database_url=url, dags_folder=folder, artifacts_url=artifacts_url, **numbers
+            home=home,
+            database_url=url,
+            dags_folder=folder,
+            artifacts_url=env.get("TREADLE_ARTIFACTS_URL") or None,
+            logs_folder=Path(logs).expanduser() if logs else None,
+            command_allowlist=parse_allowlist(env.get("TREADLE_COMMAND_ALLOWLIST", "")),
+            **numbers,
         )
         settings.validate()
         return settings
@@ -162,6 +185,7 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     _spec("TREADLE_BACKFILL_MAX_SPAN_DAYS", "backfill_max_span_days", 1, 36500, "days"),
     _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
     _spec("TREADLE_MAX_MAP_LENGTH", "max_map_length", 1, 1_000_000, "instances", is_integer=True),
+    _spec("TREADLE_LOG_MAX_BYTES", "log_max_bytes", 1024, 1024**4, "bytes", note="1 TiB", is_integer=True),
 )
 
 

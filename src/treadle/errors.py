@@ -7,6 +7,7 @@ TreadleError
 ├── DagNotFound            no DAG with that id is registered
 ├── RunNotFound            no run with that id
 ├── TaskInstanceNotFound   no task instance with that id
+├── AttemptLogMissing      an attempt's log file is not on this host (path, hostname)
 ├── InvalidRequest         input from a user that cannot be accepted (names the problem)
 │   ├── ParamsInvalid      a trigger's conf breaks the DAG's params schema or rules (dag_id, violations)
 │   ├── RunNotAllowed      the DAG's contract refuses this kind of run (dag_id, run_kind, setting)
@@ -70,6 +71,17 @@ class RunNotFound(TreadleError):
 
 class TaskInstanceNotFound(TreadleError):
     """No task instance with that id exists."""
+
+
+class AttemptLogMissing(TreadleError):
+    """The attempt's log file is not on this host."""
+
+    def __init__(self, message: str | None = None, *, path: str, hostname: str | None) -> None:
+        #: Where the file was looked for.
+        self.path = path
+        #: The host of the worker that ran the attempt (None: not recorded).
+        self.hostname = hostname
+        super().__init__(message)
 
 
 class InvalidRequest(TreadleError):

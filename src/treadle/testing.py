@@ -10,17 +10,27 @@ completion, retry policy, dead letters, dataset events of outlets); retry delays
 task timeouts are not. Runs are manual, so a DAG whose contract sets `manual_runs=False` is
 refused as it would be by `treadle dags trigger`; `run_type="scheduled"` runs it as its schedule
 would (with the params' defaults).
+
+Command tasks run their program (in a child process, its output in a per-attempt log under the
+runner's folder); `commands=` swaps a task's program for a stand-in, and `exit_with` builds one
+that exits with a chosen code:
+
+    runner = DagRunner(my_dag, commands={"snapshot": exit_with(60, stderr="commit timed out")})
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from treadle.authoring.specs import Dag
+from treadle.domain.commands import attempt_log_path
 from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH, instance_label
 from treadle.domain.records import AttemptError, AttemptInfo, ClaimedTask, RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, RunType, TaskState
@@ -34,10 +44,11 @@ from treadle.errors import InvalidRequest
 from treadle.store import migrate
 from treadle.store.database import Database
 from treadle.store.datasets import DatasetEventInfo
+from treadle.worker.attempt_log import AttemptFiles, AttemptLog
 from treadle.worker.child import call_callback, call_task
 from treadle.worker.protocol import run_message, to_attempt_details, to_attempt_error
 
-__all__ = ["DagRunResult", "DagRunner", "run_dag"]
+__all__ = ["DagRunResult", "DagRunner", "exit_with", "run_dag"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,9 +86,16 @@ class DagRunner:
         database_url: str | None = None,
         max_result_bytes: int = 64 * 1024,
         max_map_length: int = DEFAULT_MAX_MAP_LENGTH,
+        commands: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         tmp = Path(tempfile.mkdtemp(prefix="treadle-test-"))
         self.dag = dag
+        #: Stand-in argv per command task id (its own argv is not run).
+        self.commands = _check_commands(dag, commands or {})
+        #: Where command tasks' run files and attempt logs go.
+        self.files = AttemptFiles(
+            logs_dir=tmp / "logs", runs_dir=tmp / "runs", log_max_bytes=64 * 1024 * 1024
+        )
         self.database_url = database_url or f"sqlite:///{tmp / 'test.db'}"
         self.max_result_bytes = max_result_bytes
         self.db = Database(
@@ -134,6 +152,18 @@ class DagRunner:
             map_index=map_index,
         )
 
+    def log(self, run_id: str, task_id: str, *, attempt: int = 1) -> str:
+        """What a command task's program wrote (stdout and stderr) in one attempt ("" if none)."""
+        path = attempt_log_path(
+            self.files.logs_dir,
+            dag_id=self.dag.dag_id,
+            run_id=run_id,
+            task_id=task_id,
+            map_index=-1,
+            attempt=attempt,
+        )
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def close(self) -> None:
         """Release the database connections."""
         self.db.dispose()
@@ -149,7 +179,10 @@ class DagRunner:
             lease_s=3600,
         )
         for task in claimed:
-            _execute(self.db, self.dag, task, self.max_result_bytes)
+            extra: dict[str, Any] = self.files.message_fields(task)
+            if task.task_id in self.commands:
+                extra["command_argv"] = self.commands[task.task_id]
+            _execute(self.db, self.dag, task, self.max_result_bytes, extra)
         finish_idle_runs(self.db)
         detail = queries.run_detail(self.db, run_id)
         if detail.run.state in TERMINAL_RUN_STATES:
@@ -170,14 +203,16 @@ def run_dag(
     timeout_s: float = 60.0,
     max_result_bytes: int = 64 * 1024,
     run_type: str = "manual",
+    commands: Mapping[str, Sequence[str]] | None = None,
 ) -> DagRunResult:
     """Register `dag`, trigger a run and execute it to the end in this process.
 
     Uses a fresh SQLite file in a temporary folder unless `database_url` is given. `run_type`
-    "scheduled" runs the DAG as its schedule would (params' defaults, no conf).
+    "scheduled" runs the DAG as its schedule would (params' defaults, no conf). `commands` swaps
+    command tasks' programs for stand-ins (see `exit_with`).
     Raises TimeoutError if the run is not finished after `timeout_s`.
     """
-    runner = DagRunner(dag, database_url=database_url, max_result_bytes=max_result_bytes)
+    runner = DagRunner(dag, database_url=database_url, max_result_bytes=max_result_bytes, commands=commands)
     try:
         return runner.run_until_done(runner.trigger(conf, run_type=run_type), timeout_s=timeout_s)
     finally:
@@ -188,16 +223,66 @@ def run_dag(
 _MOVING = {TaskState.QUEUED.value, TaskState.RUNNING.value, TaskState.RETRY_WAIT.value}
 
 
+def exit_with(
+    code: int,
+    *,
+    stdout: str = "",
+    stderr: str = "",
+    result: Any = None,
+    outputs: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """The argv of a stand-in program for a command task: it prints `stdout` and `stderr`, writes
+    `result` as run-output.json (unless None) and each of `outputs` as NAME.json (e.g. "metrics")
+    into TREADLE_OUTPUT_DIR, then exits with `code`. Any: JSON values."""
+    if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+        raise ValueError(f"exit code must be an integer in 0..255, got {code!r}")
+    files = {f"{name}.json": value for name, value in (outputs or {}).items()}
+    if result is not None:
+        files["run-output.json"] = result
+    script = (
+        "import json, os, sys\n"
+        f"sys.stdout.write({stdout!r})\n"
+        f"sys.stderr.write({stderr!r})\n"
+        f"for name, value in json.loads({json.dumps(files)!r}).items():\n"
+        "    with open(os.path.join(os.environ['TREADLE_OUTPUT_DIR'], name), 'w') as f:\n"
+        "        json.dump(value, f)\n"
+        f"sys.exit({code})\n"
+    )
+    return [sys.executable, "-c", script]
+
+
+def _check_commands(dag: Dag, commands: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    checked: dict[str, list[str]] = {}
+    for task_id, argv in commands.items():
+        node = dag.tasks.get(task_id)
+        if node is None or node.command is None:
+            raise ValueError(f"commands: {task_id!r} is not a command task of DAG {dag.dag_id!r}")
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError(f"commands: the stand-in for {task_id!r} must be a non-empty list of strings")
+        checked[task_id] = list(argv)
+    return checked
+
+
 def _queues(dag: Dag) -> list[str]:
     return sorted({t.settings.queue for t in dag.tasks.values()})
 
 
-def _execute(db: Database, dag: Dag, task: ClaimedTask, max_result_bytes: int) -> None:
+def _execute(
+    db: Database, dag: Dag, task: ClaimedTask, max_result_bytes: int, extra: Mapping[str, Any]
+) -> None:
     version = db.version_cache[task.dag_version_id]
-    message = run_message(task, version)
-    reply = call_task(
-        dag, message, max_result_bytes=max_result_bytes, user_roots=(str(Path(dag.fileloc).parent),)
-    )
+    message = run_message(task, version) | dict(extra)
+    log = AttemptLog(Path(message["log_path"]), max_bytes=int(message["log_max_bytes"]))
+    try:
+        reply = call_task(
+            dag,
+            message,
+            max_result_bytes=max_result_bytes,
+            user_roots=(str(Path(dag.fileloc).parent),),
+            log=log,
+        )
+    finally:
+        log.close()
     if reply.get("ok"):
         try:
             annotations = parse_outlet_events(reply.get("outlet_events"))

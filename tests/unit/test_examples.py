@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from treadle.authoring.loader import load_folder
-from treadle.testing import run_dag
+from treadle.testing import DagRunner, exit_with, run_dag
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dags"
 
@@ -20,6 +20,7 @@ def test_examples_load_without_errors() -> None:
         "flaky_partner_feed",
         "orders_quality_publish",
         "sales_dashboard",
+        "snapshot_job",
     }
 
 
@@ -41,3 +42,18 @@ def test_flaky_partner_feed_dead_letters(monkeypatch: pytest.MonkeyPatch) -> Non
     assert result.state == "failed"
     assert result.task_states == {"fetch_feed": "dead_letter", "publish": "upstream_failed"}
     assert [a.outcome for a in result.attempts("fetch_feed")] == ["failed"] * 3
+
+
+def test_snapshot_job_outcomes_with_a_stand_in_for_java() -> None:
+    dag = load_folder(EXAMPLES).dags["snapshot_job"]
+    staged = {"rows": 3, "staging": "/tmp/part-00000.csv"}
+    result = run_dag(dag, commands={"snapshot": exit_with(0, result=staged)})
+    assert result.state == "success"
+    assert result.results["publish"] == "snapshot of 3 rows staged at /tmp/part-00000.csv"
+    runner = DagRunner(dag, commands={"snapshot": exit_with(30, stderr="contract violation")})
+    try:
+        failed = runner.run_until_done(runner.trigger())
+        assert failed.task_states == {"snapshot": "dead_letter", "publish": "upstream_failed"}
+        assert [a.exit_code for a in failed.attempt_history] == [30]
+    finally:
+        runner.close()

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, overload
 
+from treadle.authoring.commands import command_spec
 from treadle.authoring.contract import build_contract, check_param_rules, check_structure_contract
 from treadle.authoring.datasets import Dataset, dataset_names
 from treadle.authoring.params import build_params_schema
@@ -21,6 +22,7 @@ from treadle.authoring.specs import (
     current_dag,
     literal_arg,
 )
+from treadle.domain.commands import CommandSpec
 from treadle.domain.dag_version import ArgRef
 from treadle.domain.param_rules import ParamRule
 from treadle.domain.timetable import ScheduleSpec, parse_schedule
@@ -42,8 +44,11 @@ class TaskFunction:
         depends_on: Sequence[str],
         *,
         branch: bool = False,
+        command: CommandSpec | None = None,
     ) -> None:
         self.fn = fn
+        #: Set for `@task.command`: the function returns the argv of the program to run.
+        self.command = command
         self.task_id = task_id
         self.settings = settings
         self.depends_on = tuple(depends_on)
@@ -103,6 +108,7 @@ class TaskFunction:
             doc=inspect.getdoc(self.fn) or "",
             branch=self.branch,
             map_arg=map_arg,
+            command=self.command,
         )
         dag.add_task(node)
         for up in self.depends_on:
@@ -159,7 +165,7 @@ def _decorate(
 
 
 class TaskDecorator:
-    """`@task` and `@task.branch` (the object `treadle.task` is)."""
+    """`@task`, `@task.branch` and `@task.command` (the object `treadle.task` is)."""
 
     @overload
     def __call__(self, fn: Callable[..., Any], /) -> TaskFunction: ...
@@ -212,7 +218,52 @@ class TaskDecorator:
         task without retries. Settings as for `@task`."""
         return _decorate(fn, task_id, depends_on, settings, branch=True)
 
+    @overload
+    def command(self, fn: Callable[..., Any], /) -> TaskFunction: ...
+    @overload
+    def command(
+        self,
+        /,
+        *,
+        task_id: str | None = None,
+        depends_on: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        allowed: Sequence[str] | None = None,
+        shell: bool = False,
+        manifest_arg: bool = True,
+        **settings: Any,
+    ) -> Callable[[Callable[..., Any]], TaskFunction]: ...
 
+    def command(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        task_id: str | None = None,
+        depends_on: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        allowed: Sequence[str] | None = None,
+        shell: bool = False,
+        manifest_arg: bool = True,
+        **settings: Any,
+    ) -> TaskFunction | Callable[[Callable[..., Any]], TaskFunction]:
+        """Declare a command task whose function returns the program's argv (a list of strings;
+        one string with `shell=True`). The function takes upstream results and `context` like a
+        `@task`; the program then runs as a `CommandTask` does (see treadle.authoring.commands).
+        """
+        name = f"@task.command {task_id or (fn.__name__ if fn else '')}".strip()
+        check_setting_names(settings, name)
+        spec = command_spec(name, env=env, cwd=cwd, allowed=allowed, shell=shell, manifest_arg=manifest_arg)
+
+        def wrap(f: Callable[..., Any]) -> TaskFunction:
+            return TaskFunction(f, task_id, settings, depends_on, command=spec)
+
+        return wrap(fn) if fn is not None else wrap
+
+
+#: `@task` declares a Python task, `@task.branch` a branch task, `@task.command` a command task.
 task = TaskDecorator()
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.authoring.settings import TaskSettings
+from treadle.domain.commands import CommandSpec
 from treadle.domain.contract import DagContract
 from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
 from treadle.domain.graph import find_cycle
@@ -40,6 +41,8 @@ class TaskNode:
     branch: bool = False
     #: A mapped placement (`.expand(name=upstream)`): the keyword argument expanded per element.
     map_arg: str | None = None
+    #: Set for a command task: `fn` then returns its argv (or is not called: a fixed argv).
+    command: CommandSpec | None = None
 
     def to_def(self) -> TaskDef:
         """Return the serialized definition."""
@@ -66,6 +69,7 @@ class TaskNode:
             map_arg=self.map_arg,
             max_map_length=s.max_map_length if self.map_arg else None,
             max_active_mapped=s.max_active_mapped if self.map_arg else None,
+            command=None if self.command is None else self.command.to_json(),
         )
 
 

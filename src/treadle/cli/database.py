@@ -13,6 +13,7 @@ from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
 from treadle.engine import retention
 from treadle.errors import SchemaOutOfDate
 from treadle.store import migrate
+from treadle.worker.run_files import remove_files_of_pruned_runs
 
 
 @cli.group("db")
@@ -76,6 +77,9 @@ def prune(ctx: Context, older_than: str, dry_run: bool, batch_runs: int, as_json
             delete_run_files, ctx.settings.home, artifacts_url=ctx.settings.artifacts_url
         ),
     )
+    if not dry_run:
+        # This host's manifests, outputs and logs of pruned runs (also of runs pruned elsewhere).
+        remove_files_of_pruned_runs(ctx.db, runs_dir=ctx.settings.runs_dir, logs_dir=ctx.settings.logs_dir)
     if as_json:
         emit_json(report)
         return

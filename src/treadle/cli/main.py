@@ -147,6 +147,7 @@ def main() -> None:
         database,
         datasets,
         dead_letters,
+        logs,
         operations,
         pools,
         processes,

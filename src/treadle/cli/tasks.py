@@ -5,18 +5,23 @@ whose attempt ended with an unknown commit)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
 
 from treadle.authoring.context import TaskContext
 from treadle.authoring.loader import load_folder
+from treadle.authoring.specs import TaskNode
 from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.engine import inspection
 from treadle.engine.clearing import clear_tasks
 from treadle.errors import DagNotFound, InvalidRequest
+from treadle.worker.attempt_log import AttemptLog
+from treadle.worker.command import run_command, write_manifest
 
 
 @cli.group("tasks")
@@ -99,6 +104,8 @@ def test_cmd(
             map_index=map_index if node.map_arg is not None else -1,
         )
     result = node.fn(*[value(a) for a in node.args], **kwargs)
+    if node.command is not None:
+        result = _test_command(ctx, node, dag_id=dag_id, argv=result, params=params)
     click.echo(json.dumps(result, indent=2, default=str))
 
 
@@ -109,6 +116,44 @@ def _element(listed: Any, source: str | None, map_index: int) -> Any:
     if map_index >= len(listed):
         raise InvalidRequest(f"--map-index {map_index} is past the end of the list ({len(listed)} elements)")
     return listed[map_index]
+
+
+def _test_command(ctx: Context, node: TaskNode, *, dag_id: str, argv: Any, params: dict[str, Any]) -> Any:
+    """Run a command task's program with a scratch manifest and output folder; print what it wrote
+    (to stderr) and return its result, or raise naming how it failed."""
+    assert node.command is not None
+    with tempfile.TemporaryDirectory(prefix="treadle-tasks-test-") as scratch:
+        msg = {
+            "run_id": "test",
+            "dag_id": dag_id,
+            "task_id": node.task_id,
+            "attempt": 1,
+            "runs_dir": scratch,
+            "command_allowlist": list(ctx.settings.command_allowlist),
+        }
+        manifest = write_manifest(
+            Path(scratch), "test", {"run_id": "test", "dag_id": dag_id, "params": params}
+        )
+        log_path = Path(scratch) / "attempt.log"
+        log = AttemptLog(log_path, max_bytes=ctx.settings.log_max_bytes)
+        try:
+            reply = run_command(
+                node.command,
+                node.settings.exit_contract,
+                msg,
+                argv=argv if node.command.argv is None else None,
+                manifest_path=str(manifest),
+                log=log,
+                max_result_bytes=ctx.settings.max_result_bytes,
+            )
+        finally:
+            log.close()
+        click.echo(log_path.read_text(errors="replace") if log_path.exists() else "", err=True, nl=False)
+    if not reply.get("ok"):
+        raise InvalidRequest(
+            f"{reply['error_type']} (exit code {reply.get('exit_code')}): {reply['message']}"
+        )
+    return reply.get("value")
 
 
 @tasks_group.command("clear")

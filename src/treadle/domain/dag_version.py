@@ -78,6 +78,8 @@ class TaskDef:
     max_map_length: int | None = None
     #: Most of its mapped instances queued or running at once (None: no bound).
     max_active_mapped: int | None = None
+    #: A command task's program (domain/commands.py `CommandSpec.to_json`); None: a Python task.
+    command: dict[str, JSON] | None = None
 
     def to_json(self) -> dict[str, JSON]:
         """Return the JSON form (settings added since the first version only when set, so the
@@ -86,6 +88,8 @@ class TaskDef:
         data = self._base_json(r)
         if not self.exit_contract.is_default:
             data["exit_contract"] = self.exit_contract.to_json()
+        if self.command is not None:
+            data["command"] = self.command
         return data
 
     def _base_json(self, r: RetryPolicy) -> dict[str, JSON]:
@@ -155,6 +159,7 @@ class TaskDef:
             map_arg=data.get("map_arg"),
             max_map_length=data.get("max_map_length"),
             max_active_mapped=data.get("max_active_mapped"),
+            command=data.get("command"),
         )
 
     @property

@@ -6,6 +6,7 @@ long and can stop (or fail) between batches without leaving a run half deleted.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,7 +23,10 @@ DEFAULT_BATCH_RUNS = 500
 #: Audit entries and worker rows are small and have no children: a larger batch is still short.
 ROWS_PER_RUN = 10
 
-__all__ = ["DEFAULT_BATCH_RUNS", "PruneReport", "PrunedRows", "prune"]
+#: Run ids asked about per query when looking for the files of pruned runs.
+RUN_ID_BATCH = 500
+
+__all__ = ["DEFAULT_BATCH_RUNS", "PruneReport", "PrunedRows", "prune", "pruned_runs"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,3 +103,14 @@ def _prune_batch(conn: Connection, *, cutoff: datetime, batch_runs: int) -> tupl
         workers=retention_store.delete_old_workers(conn, cutoff=cutoff, limit=limit),
     )
     return runs + others, list(run_ids)
+
+
+def pruned_runs(db: Database, run_ids: list[str]) -> set[str]:
+    """Those of `run_ids` that have no `dag_runs` row any more (pruned, or never existed): the
+    hosts that keep files of them (manifests, outputs, logs) may delete those."""
+    gone: set[str] = set()
+    for start in range(0, len(run_ids), RUN_ID_BATCH):
+        batch = run_ids[start : start + RUN_ID_BATCH]
+        existing = db.query(functools.partial(retention_store.existing_run_ids, run_ids=batch))
+        gone.update(set(batch) - existing)
+    return gone

@@ -37,6 +37,15 @@ def list_attempts(conn: Connection, *, run_id: str) -> list[AttemptInfo]:
     return [AttemptInfo(**r._mapping) for r in conn.execute(stmt)]
 
 
+def get_attempt(conn: Connection, *, task_instance_id: int, attempt: int) -> AttemptInfo | None:
+    """Return one recorded attempt, or None (it is running, or never ended)."""
+    stmt = sa.select(*[c for c in task_attempts.c if c.name not in ("id", "dag_id")]).where(
+        task_attempts.c.task_instance_id == task_instance_id, task_attempts.c.attempt == attempt
+    )
+    row = conn.execute(stmt).first()
+    return AttemptInfo(**row._mapping) if row else None
+
+
 def last_attempts(conn: Connection, task_instance_ids: list[int]) -> dict[int, AttemptInfo]:
     """Return the latest attempt of each given task instance."""
     if not task_instance_ids:

@@ -153,3 +153,10 @@ def delete_old_workers(conn: Connection, *, cutoff: datetime, limit: int) -> int
     # Re-checked in the delete: a worker that heartbeated since the select keeps its row.
     stmt = sa.delete(workers).where(workers.c.worker_id.in_(ids), _old_worker_condition(cutoff))
     return int(conn.execute(stmt).rowcount)
+
+
+def existing_run_ids(conn: Connection, run_ids: list[str]) -> set[str]:
+    """Those of `run_ids` that still have a `dag_runs` row (a primary-key lookup each)."""
+    if not run_ids:
+        return set()
+    return set(conn.execute(sa.select(dag_runs.c.run_id).where(dag_runs.c.run_id.in_(run_ids))).scalars())

@@ -17,6 +17,7 @@ import signal
 import socket
 import tempfile
 from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -28,6 +29,8 @@ from treadle.authoring.outcomes import PYTHON_FAILURE_EXIT_CODE, TaskOutcome
 from treadle.authoring.specs import Dag, TaskNode, downstream_of
 from treadle.domain.branching import InvalidBranch, chosen_branches
 from treadle.domain.exit_codes import Disposition, ExitContract
+from treadle.worker.attempt_log import AttemptLog, redirected_output
+from treadle.worker.command import run_command, write_manifest
 from treadle.worker.containment import become_subreaper, kill_stray_processes
 from treadle.worker.protocol import Message, error_message, receive, send
 
@@ -167,8 +170,18 @@ def _context(msg: Message, manifest_path: str | None) -> TaskContext:
 
 @contextlib.contextmanager
 def _manifest_file(msg: Message) -> Iterator[str | None]:
-    """Write the run manifest to a private JSON file, named in TREADLE_MANIFEST_FILE meanwhile."""
+    """The run manifest as a JSON file, named in TREADLE_MANIFEST_FILE meanwhile.
+
+    On a worker (the message names its runs folder) it is RUNS/<run_id>/manifest.json and stays
+    after the attempt (run retention removes it); elsewhere it is a private temporary file.
+    """
     manifest = msg.get("manifest")
+    runs_dir = msg.get("runs_dir")
+    if runs_dir:
+        path = str(write_manifest(Path(runs_dir), msg["run_id"], manifest or {}))
+        with _manifest_env(path):
+            yield path
+        return
     if not manifest:
         yield None
         return
@@ -176,21 +189,29 @@ def _manifest_file(msg: Message) -> Iterator[str | None]:
     try:
         with os.fdopen(fd, "w") as out:
             json.dump(manifest, out, indent=2, sort_keys=True)
-        previous = os.environ.get(MANIFEST_ENV)
-        os.environ[MANIFEST_ENV] = path
-        try:
+        with _manifest_env(path):
             yield path
-        finally:
-            if previous is None:
-                os.environ.pop(MANIFEST_ENV, None)
-            else:
-                os.environ[MANIFEST_ENV] = previous
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
 
 
-def run_task(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message:
+@contextlib.contextmanager
+def _manifest_env(path: str) -> Iterator[None]:
+    previous = os.environ.get(MANIFEST_ENV)
+    os.environ[MANIFEST_ENV] = path
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(MANIFEST_ENV, None)
+        else:
+            os.environ[MANIFEST_ENV] = previous
+
+
+def run_task(
+    cache: DagCache, msg: Message, *, max_result_bytes: int, log: AttemptLog | None = None
+) -> Message:
     """Run one task callable from the DAG folder (see call_task)."""
     roots = (str(cache.folder.resolve()), str(cache.folder))
     try:
@@ -198,7 +219,12 @@ def run_task(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message
     except Exception as exc:
         return {"ok": False, **error_message(exc, user_roots=roots)}
     return call_task(
-        dag, msg, max_result_bytes=max_result_bytes, user_roots=roots, code_version=cache.code_version(dag)
+        dag,
+        msg,
+        max_result_bytes=max_result_bytes,
+        user_roots=roots,
+        code_version=cache.code_version(dag),
+        log=log,
     )
 
 
@@ -209,6 +235,7 @@ def call_task(
     max_result_bytes: int,
     user_roots: tuple[str, ...],
     code_version: str | None = None,
+    log: AttemptLog | None = None,
 ) -> Message:
     """Run one task callable; return {"ok": True, "value": ...} or an error description.
 
@@ -217,27 +244,39 @@ def call_task(
     contract: a `TaskOutcome` exception says it; `sys.exit(code)` is classified by the task's
     contract (exit 0 is a success with no result); any other exception is retryable. A success
     reply also carries "outlet_events" (dataset -> {"version", "metadata"}) when the task
-    annotated its outlet events through `context.outlet_event`.
+    annotated its outlet events through `context.outlet_event`. A command task's program writes
+    its output into `log` (a log that keeps nothing when None).
     """
-    reply = _call_task(dag, msg, max_result_bytes=max_result_bytes, user_roots=user_roots)
+    reply = _call_task(
+        dag,
+        msg,
+        max_result_bytes=max_result_bytes,
+        user_roots=user_roots,
+        log=log or AttemptLog(None, max_bytes=0),
+    )
     reply.setdefault("exit_code", 0 if reply.get("ok") else PYTHON_FAILURE_EXIT_CODE)
     reply["code_version"] = code_version if code_version is not None else file_hash(dag.fileloc) or None
     return reply
 
 
-def _call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tuple[str, ...]) -> Message:
+def _call_task(
+    dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tuple[str, ...], log: AttemptLog
+) -> Message:
     roots = user_roots
     context: TaskContext | None = None
     node = dag.tasks.get(msg["task_id"])
     try:
-        if node is None:
-            raise LookupError(f"task {msg['task_id']!r} is not defined in DAG {dag.dag_id!r}")
+        node = _node(dag, msg["task_id"])
         kwargs: dict[str, Any] = dict(msg.get("kwargs") or {})
         with _manifest_file(msg) as manifest_path:
             if node.takes_context:
                 context = _context(msg, manifest_path)
                 kwargs["context"] = context
-            value = node.fn(*(msg.get("args") or []), **kwargs)
+            value = _invoke(
+                node, msg, kwargs, manifest_path=manifest_path, log=log, max_result_bytes=max_result_bytes
+            )
+        if isinstance(value, _CommandEnded):
+            return value.reply
     except TaskOutcome as exc:
         return {
             "ok": False,
@@ -248,21 +287,12 @@ def _call_task(dag: Dag, msg: Message, *, max_result_bytes: int, user_roots: tup
             **({"outputs": _json_outputs(exc.outputs)} if exc.outputs else {}),
         }
     except SystemExit as exc:  # ends the attempt, not the child: classified by the contract
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        contract = node.settings.exit_contract if node is not None else ExitContract()
-        disposition = contract.classify(code)
-        if disposition is Disposition.SUCCESS:
-            value = None
-        else:
-            return {
-                "ok": False,
-                **error_message(exc, user_roots=roots),
-                "message": f"the task called sys.exit({exc.code!r}): {disposition.value.replace('_', ' ')} "
-                f"under its exit-code contract ({contract.describe()})",
-                "disposition": disposition.value,
-                "retryable": disposition is Disposition.RETRYABLE,
-                "exit_code": code,
-            }
+        failure = _exit_failure(
+            exc, node.settings.exit_contract if node is not None else ExitContract(), roots
+        )
+        if failure is not None:
+            return failure
+        value = None
     except Exception as exc:
         return {"ok": False, **error_message(exc, user_roots=roots)}
     except BaseException as exc:  # e.g. KeyboardInterrupt raised by user code
@@ -310,6 +340,74 @@ def _success_reply(
             return problem
         reply["outlet_events"] = context.outlet_events
     return reply
+
+
+def _node(dag: Dag, task_id: str) -> TaskNode:
+    """The task placed in `dag` under `task_id` (LookupError naming both if there is none)."""
+    node = dag.tasks.get(task_id)
+    if node is None:
+        raise LookupError(f"task {task_id!r} is not defined in DAG {dag.dag_id!r}")
+    return node
+
+
+def _exit_failure(exc: SystemExit, contract: ExitContract, roots: tuple[str, ...]) -> Message | None:
+    """The failure reply for a task that called sys.exit with a code its contract does not
+    count as success; None for a success."""
+    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    disposition = contract.classify(code)
+    if disposition is Disposition.SUCCESS:
+        return None
+    return {
+        "ok": False,
+        **error_message(exc, user_roots=roots),
+        "message": f"the task called sys.exit({exc.code!r}): {disposition.value.replace('_', ' ')} "
+        f"under its exit-code contract ({contract.describe()})",
+        "disposition": disposition.value,
+        "retryable": disposition is Disposition.RETRYABLE,
+        "exit_code": code,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _CommandEnded:
+    """The reply of a command task's program (it replaces the callable's return value)."""
+
+    reply: Message
+
+
+def _invoke(
+    node: TaskNode,
+    msg: Message,
+    kwargs: dict[str, Any],
+    *,
+    manifest_path: str | None,
+    log: AttemptLog,
+    max_result_bytes: int,
+) -> Any:  # Any: whatever the task returns
+    """Call the task's function; for a command task, run the program (with the argv the
+    function returned, unless it is fixed) and return how it ended."""
+    command = node.command
+    if command is None:
+        return node.fn(*(msg.get("args") or []), **kwargs)
+    argv = node.fn(*(msg.get("args") or []), **kwargs) if command.argv is None else None
+    if manifest_path is None:
+        manifest_path = str(write_manifest(_scratch_runs_dir(), msg["run_id"], {}))
+    return _CommandEnded(
+        run_command(
+            command,
+            node.settings.exit_contract,
+            msg,
+            argv=argv,
+            manifest_path=manifest_path,
+            log=log,
+            max_result_bytes=max_result_bytes,
+        )
+    )
+
+
+def _scratch_runs_dir() -> Path:
+    """A runs folder for a command run outside a worker without one (removed with /tmp)."""
+    return Path(tempfile.mkdtemp(prefix="treadle-runs-"))
 
 
 def _json_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
@@ -430,8 +528,26 @@ def serve(conn: Connection, cache: DagCache, *, max_result_bytes: int) -> None:
         except (EOFError, OSError):
             return
         if msg["kind"] == "run":
-            reply = run_task(cache, msg, max_result_bytes=max_result_bytes)
+            reply = _run_logged(cache, msg, max_result_bytes=max_result_bytes)
         else:
             reply = run_callback(cache, msg)
-        kill_stray_processes()  # nothing a task started outlives its attempt (containment.py)
+            kill_stray_processes()  # nothing a task started outlives its attempt (containment.py)
         send(conn, reply)
+
+
+def _run_logged(cache: DagCache, msg: Message, *, max_result_bytes: int) -> Message:
+    """Run an attempt with this process's stdout and stderr (and a command's) in its log file."""
+    path = msg.get("log_path")
+    log = AttemptLog(Path(path) if path else None, max_bytes=int(msg.get("log_max_bytes") or 0))
+    try:
+        if path is None:
+            reply = run_task(cache, msg, max_result_bytes=max_result_bytes, log=log)
+            kill_stray_processes()
+            return reply
+        # Containment once the output is restored: its report goes to the worker's log, and
+        # nothing the task started is left holding the attempt's log.
+        with redirected_output(log, before_drain=kill_stray_processes):
+            reply = run_task(cache, msg, max_result_bytes=max_result_bytes, log=log)
+        return reply
+    finally:
+        log.close()

@@ -15,6 +15,7 @@ from treadle.domain.states import AttemptOutcome
 from treadle.engine.datasets import OutletEvent, parse_outlet_events
 from treadle.engine.execution import Ending, complete_attempt, fail_attempt
 from treadle.store.database import Database
+from treadle.worker.attempt_log import AttemptFiles
 from treadle.worker.child_process import ChildImports, ChildProcess
 from treadle.worker.protocol import (
     Message,
@@ -62,6 +63,7 @@ class Slot(threading.Thread):
         on_fenced: Callable[[ClaimedTask, float], None] | None = None,
         take_next: Callable[[Slot], ClaimedTask | None] | None = None,
         submit: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent], AttemptDetails], None] | None = None,
+        files: AttemptFiles | None = None,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
         self.db, self.worker_id, self.hostname = db, worker_id, hostname
@@ -77,6 +79,8 @@ class Slot(threading.Thread):
         #: next pass; the slot is free at once. By default it is recorded here, in its own
         #: transaction, before the slot takes another attempt.
         self.submit = submit or self._complete_alone
+        #: Where attempts keep their logs and run files (None: no log files, temporary manifests).
+        self.files = files
         self.child = ChildProcess(imports)
         self.running: Running | None = None
         self._assigned = threading.Event()
@@ -171,6 +175,8 @@ class Slot(threading.Thread):
         version = self.version(task.dag_version_id)
         definition = version.structure.tasks[task.task_id]
         message = run_message(task, version)
+        if self.files is not None:
+            message |= self.files.message_fields(task)
         deadline = time.monotonic() + task.timeout_s if task.timeout_s else None
         outcome = self._exchange(message, deadline, current)
         if outcome is None:  # revoked before it finished: report nothing for it

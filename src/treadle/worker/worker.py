@@ -37,9 +37,11 @@ from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database, is_transient
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
+from treadle.worker.attempt_log import AttemptFiles
 from treadle.worker.child_process import ChildImports, prestart
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import FencedAttempts, LeaseClock
+from treadle.worker.run_files import RUN_FILES_SWEEP_S, remove_files_of_pruned_runs
 from treadle.worker.slot import Running, Slot
 
 log = logging.getLogger("treadle.worker")
@@ -167,12 +169,15 @@ class Worker:
                 on_fenced=self._fenced_stop,
                 take_next=self._take_buffered,
                 submit=self._submit_success,
+                files=AttemptFiles.of(self.settings),
             )
             self.slots.append(slot)
             slot.start()
         threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
         threading.Thread(target=self._watchdog_loop, name="treadle-watchdog", daemon=True).start()
         threading.Thread(target=self._refresh_loop, name="treadle-dag-refresh", daemon=True).start()
+        if self.settings.retention_days > 0:
+            threading.Thread(target=self._run_files_loop, name="treadle-run-files", daemon=True).start()
         if self.db.supports_wakeups:
             handlers = {READY_CHANNEL: self.wake.set, CANCEL_CHANNEL: self.beat_now.set}
             threading.Thread(
@@ -502,6 +507,16 @@ class Worker:
                 self.refresh_dags()
             except Exception:
                 log.exception("dag refresh failed", extra={"event": "dags.sync_error"})
+
+    def _run_files_loop(self) -> None:
+        """Remove this host's files of runs that retention pruned (worker/run_files.py)."""
+        while not self.stopping.wait(RUN_FILES_SWEEP_S):
+            try:
+                remove_files_of_pruned_runs(
+                    self.db, runs_dir=self.settings.runs_dir, logs_dir=self.settings.logs_dir
+                )
+            except Exception:
+                log.exception("run files sweep failed", extra={"event": "worker.run_files_error"})
 
     def _heartbeat_loop(self) -> None:
         while not self.closed.is_set():
