@@ -13,6 +13,7 @@ from treadle.authoring.settings import TaskSettings
 from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
 from treadle.domain.graph import find_cycle
 from treadle.domain.identifiers import is_identifier
+from treadle.domain.sensing import SensorSpec
 from treadle.domain.timetable import ScheduleSpec
 from treadle.errors import DagDefinitionError
 
@@ -33,6 +34,8 @@ class TaskNode:
     takes_context: bool
     upstream: set[str] = field(default_factory=set)
     doc: str = ""
+    #: Set for sensors and submit-then-poll tasks (`authoring/sensing.py`).
+    sensor: SensorSpec | None = None
 
     def to_def(self) -> TaskDef:
         """Return the serialized definition."""
@@ -54,6 +57,7 @@ class TaskNode:
             outlets=s.outlets,
             doc=self.doc,
             exit_contract=s.exit_contract,
+            sensor=self.sensor,
         )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from treadle.domain.exit_codes import ExitContract
 from treadle.domain.graph import downstream_map, transitive_downstream
 from treadle.domain.retry import RetryPolicy
+from treadle.domain.sensing import SensorSpec
 from treadle.domain.timetable import ScheduleSpec
 
 #: JSON values as stored (Any only at this serialization boundary).
@@ -61,6 +62,8 @@ class TaskDef:
     doc: str = ""
     #: What each exit code means (written only when not the default, as every later field).
     exit_contract: ExitContract = field(default_factory=ExitContract)
+    #: Set for sensors and submit-then-poll tasks: they wait between pokes holding no slot.
+    sensor: SensorSpec | None = None
 
     def to_json(self) -> dict[str, JSON]:
         """Return the JSON form."""
@@ -68,6 +71,8 @@ class TaskDef:
         data = self._base_json(r)
         if not self.exit_contract.is_default:
             data["exit_contract"] = self.exit_contract.to_json()
+        if self.sensor is not None:
+            data["sensor"] = self.sensor.to_json()
         return data
 
     def _base_json(self, r: RetryPolicy) -> dict[str, JSON]:
@@ -121,6 +126,7 @@ class TaskDef:
             exit_contract=ExitContract.from_json(data["exit_contract"])
             if "exit_contract" in data
             else ExitContract(),
+            sensor=SensorSpec.from_json(data["sensor"]) if data.get("sensor") else None,
         )
 
 

@@ -16,6 +16,7 @@ from treadle.engine.datasets import OutletEvent, parse_outlet_events
 from treadle.engine.execution import Ending, complete_attempt, fail_attempt
 from treadle.store.database import Database
 from treadle.worker.child_process import ChildImports, ChildProcess
+from treadle.worker.poking import Pokes, job_ended
 from treadle.worker.protocol import (
     Message,
     receive,
@@ -78,6 +79,7 @@ class Slot(threading.Thread):
         #: transaction, before the slot takes another attempt.
         self.submit = submit or self._complete_alone
         self.child = ChildProcess(imports)
+        self.pokes = Pokes(self)
         self.running: Running | None = None
         self._assigned = threading.Event()
         self._stopping = threading.Event()
@@ -171,12 +173,18 @@ class Slot(threading.Thread):
         version = self.version(task.dag_version_id)
         definition = version.structure.tasks[task.task_id]
         message = run_message(task, version)
+        if definition.sensor is not None:  # a poke: it starts from what the last one left
+            message = self.pokes.message(task, message)
         deadline = time.monotonic() + task.timeout_s if task.timeout_s else None
         outcome = self._exchange(message, deadline, current)
         if outcome is None:  # revoked before it finished: report nothing for it
             if current.fenced_after_s is not None and self.on_fenced is not None:
                 self.on_fenced(task, current.fenced_after_s)
             return
+        if definition.sensor is not None:
+            outcome = self.pokes.take(current, definition, outcome)
+            if outcome is None:  # rescheduled or timed out: recorded
+                return
         if outcome.get("ok"):
             try:
                 annotations = parse_outlet_events(outcome.get("outlet_events"))
@@ -196,7 +204,13 @@ class Slot(threading.Thread):
         ending = self._record(
             task,
             lambda: fail_attempt(
-                self.db, task, outcome=kind, error=error, worker_id=self.worker_id, hostname=self.hostname
+                self.db,
+                task,
+                outcome=kind,
+                error=error,
+                worker_id=self.worker_id,
+                hostname=self.hostname,
+                forget_poll_state=job_ended(definition, error),
             ),
         )
         if ending is None:
