@@ -4,12 +4,14 @@ are cancelled for real."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 import pytest
 
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import SHORT_LEASE, Cluster, process_alive
 from tests.helpers.wait import wait_for
+from treadle.store import job_cancellations as job_cancels
 
 pytestmark = [pytest.mark.e2e]
 
@@ -115,3 +117,115 @@ def test_a_sensor_pokes_without_holding_the_slot(db_url: str, cluster: Callable[
         "step": "skipped",
     }
     assert soft_end.run.state == "success"
+
+
+JOB_DAGS = """
+    from __future__ import annotations
+
+    import sys
+
+    from treadle import dag, task
+    from treadle.jobs import LocalProcessJob
+
+    # The job records its pid (and its wrapper's) for the test, appends to a log of starts, then
+    # waits for the release file (or for ever).
+    SCRIPT = '''
+    import os, pathlib, sys, time
+    pids, starts, release = sys.argv[1:4]
+    pathlib.Path(pids, f"job-{os.getpid()}").write_text(f"{os.getpid()} {os.getppid()}")
+    with open(starts, "a") as out:
+        out.write(f"{os.getpid()}\\\\n")
+    while not pathlib.Path(release).exists():
+        time.sleep(0.05)
+    '''
+
+
+    @task
+    def report(result: dict) -> int:
+        return result["exit_code"]
+
+
+    @dag(dag_id="job")
+    def job() -> None:
+        crunch = LocalProcessJob(
+            [sys.executable, "-c", SCRIPT, __PIDS__, __STARTS__, __RELEASE__],
+            task_id="crunch",
+            poll_interval=0.5,
+            timeout=600,
+        )
+        report(crunch)
+"""
+
+
+def _job_pids(c: Cluster) -> list[int]:
+    return [int(p.read_text().split()[0]) for p in sorted(c.pids.glob("job-*"))]
+
+
+def test_a_submitted_job_outlives_its_worker_and_is_polled_not_resubmitted(
+    db_url: str, cluster: Callable[..., Cluster]
+) -> None:
+    c = cluster(db_url, **SHORT_LEASE)
+    starts, release = c.root / "starts", c.root / "release"
+    c.write_dag("job.py", JOB_DAGS, pids=str(c.pids), starts=str(starts), release=str(release))
+    assert c.cli("dags", "sync").returncode == 0
+    c.start("scheduler", "scheduler")
+    c.start("w1", "worker", "--concurrency", "1")
+    run_id = c.trigger("job")
+
+    def submitted() -> bool:
+        [t] = [t for t in c.detail(run_id).task_instances if t.task_id == "crunch"]
+        return t.state == "up_for_reschedule" and bool(_job_pids(c))
+
+    wait_for(submitted, timeout=120, message="the job to be submitted and its handle recorded")
+    c.signal("w1", signal.SIGKILL)
+    [job_pid] = _job_pids(c)
+    assert process_alive(job_pid)  # detached: the worker's death does not end it
+    c.start("w2", "worker", "--concurrency", "1")
+
+    def polled_by_w2() -> bool:
+        attempts = [a for a in c.detail(run_id).attempts if a.task_id == "crunch"]
+        return len({a.worker_id for a in attempts if a.outcome == "rescheduled"}) >= 2
+
+    wait_for(polled_by_w2, timeout=180, message="the new worker to poll the stored handle")
+    release.write_text("go")
+    final = c.wait_run(run_id, timeout=180)
+    assert final.run.state == "success", c.logs_tail()
+    assert final.results["report"] == 0
+    assert starts.read_text().split() == [str(job_pid)]  # submitted once
+    attempts = [a for a in final.attempts if a.task_id == "crunch"]
+    assert attempts[0].outputs is not None and "submitted" in attempts[0].outputs["evidence"]
+    assert {a.outcome for a in attempts[:-1]} <= {"rescheduled", "lost"}
+    assert attempts[-1].outcome == "success"
+
+
+def test_cancelling_a_submitted_job_reaches_its_process(db_url: str, cluster: Callable[..., Cluster]) -> None:
+    c = cluster(db_url)
+    starts, release = c.root / "starts", c.root / "never"
+    c.write_dag("job.py", JOB_DAGS, pids=str(c.pids), starts=str(starts), release=str(release))
+    assert c.cli("dags", "sync").returncode == 0
+    c.start("scheduler", "scheduler")
+    c.start("w1", "worker", "--concurrency", "1")
+    run_id = c.trigger("job")
+    wait_for(lambda: bool(_job_pids(c)), timeout=120, message="the job to start")
+    [job_pid] = _job_pids(c)
+    wait_for(
+        lambda: any(a.outcome == "rescheduled" for a in c.detail(run_id).attempts),
+        timeout=120,
+        message="the handle to be recorded",
+    )
+    cancelled = c.cli("runs", "cancel", run_id, "--reason", "wrong input")
+    assert cancelled.returncode == 0, cancelled.stderr
+    wait_for(lambda: not process_alive(job_pid), timeout=120, message="the cancel to reach the job's process")
+    detail = c.detail(run_id)
+    assert detail.run.state == "cancelled"
+    with c.db.read() as conn:
+        rows = job_cancels.list_for_run(conn, run_id)
+    wait_for(lambda: _cancel_done(c, run_id), timeout=60, message="the owed cancel to be recorded done")
+    assert len(rows) == 1 and rows[0]["task_id"] == "crunch"
+    assert not release.exists()
+
+
+def _cancel_done(c: Cluster, run_id: str) -> bool:
+    with c.db.read() as conn:
+        rows = job_cancels.list_for_run(conn, run_id)
+    return len(rows) == 1 and rows[0]["done_at"] is not None and rows[0]["error"] is None
