@@ -27,10 +27,12 @@ from treadle.engine.datasets import parse_outlet_events, run_dataset_events
 from treadle.engine.execution import claim_task_instances, complete_attempt, fail_attempt
 from treadle.engine.reaper import promote_due_retries
 from treadle.engine.runs import finish_idle_runs, trigger_run
+from treadle.engine.sensing import reschedule_attempt, time_out_sensor
 from treadle.store import migrate
 from treadle.store.database import Database
 from treadle.store.datasets import DatasetEventInfo
 from treadle.worker.child import call_callback, call_task
+from treadle.worker.poking import job_ended, poke_answer, poke_evidence, poke_request
 from treadle.worker.protocol import run_message, to_attempt_details, to_attempt_error
 
 __all__ = ["DagRunResult", "DagRunner", "run_dag"]
@@ -159,7 +161,12 @@ def run_dag(
 
 
 #: States that move on without an operator.
-_MOVING = {TaskState.QUEUED.value, TaskState.RUNNING.value, TaskState.RETRY_WAIT.value}
+_MOVING = {
+    TaskState.QUEUED.value,
+    TaskState.RUNNING.value,
+    TaskState.RETRY_WAIT.value,
+    TaskState.UP_FOR_RESCHEDULE.value,
+}
 
 
 def _queues(dag: Dag) -> list[str]:
@@ -169,9 +176,26 @@ def _queues(dag: Dag) -> list[str]:
 def _execute(db: Database, dag: Dag, task: ClaimedTask, max_result_bytes: int) -> None:
     version = db.version_cache[task.dag_version_id]
     message = run_message(task, version)
+    definition = version.structure.tasks[task.task_id]
+    if definition.sensor is not None:  # a poke: it starts from what the last one left
+        message = poke_request(db, task, message)
     reply = call_task(
         dag, message, max_result_bytes=max_result_bytes, user_roots=(str(Path(dag.fileloc).parent),)
     )
+    if definition.sensor is not None:
+        kind, reply = poke_answer(reply)
+        if kind in ("wait", "timeout"):
+            record = reschedule_attempt if kind == "wait" else time_out_sensor
+            extra = {"state": reply.get("state")} if kind == "wait" else {}
+            record(
+                db,
+                task,
+                worker_id="treadle-testing",
+                hostname="local",
+                evidence=poke_evidence(reply),
+                **extra,
+            )
+            return
     if reply.get("ok"):
         try:
             annotations = parse_outlet_events(reply.get("outlet_events"))
@@ -192,7 +216,13 @@ def _execute(db: Database, dag: Dag, task: ClaimedTask, max_result_bytes: int) -
         error = to_attempt_error(reply)
     outcome = AttemptOutcome.UNKNOWN_COMMIT if error.unknown_commit else AttemptOutcome.FAILED
     ending = fail_attempt(
-        db, task, outcome=outcome, error=error, worker_id="treadle-testing", hostname="local"
+        db,
+        task,
+        outcome=outcome,
+        error=error,
+        worker_id="treadle-testing",
+        hostname="local",
+        forget_poll_state=job_ended(definition, error),
     )
     if ending.applied and ending.decision is not None:
         name = "on_retry" if ending.decision.retry else "on_dead_letter"

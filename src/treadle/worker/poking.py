@@ -18,6 +18,7 @@ from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.sensing import PokeKind
 from treadle.engine.execution import Ending
 from treadle.engine.sensing import owe_job_cancel, poke_start, reschedule_attempt, time_out_sensor
+from treadle.store.database import Database
 from treadle.worker.protocol import Message
 
 if TYPE_CHECKING:
@@ -32,9 +33,37 @@ def job_ended(definition: TaskDef, error: AttemptError) -> bool:
     return spec is not None and spec.kind is PokeKind.DEFERRED and error.error_type == "JobFailed"
 
 
-def _evidence(answer: dict[str, Any]) -> dict[str, Any] | None:
+def poke_evidence(answer: dict[str, Any]) -> dict[str, Any] | None:
+    """The outputs a poke's evidence is recorded as (None: it gave none)."""
     evidence = answer.get("evidence")
     return {"evidence": evidence} if isinstance(evidence, dict) and evidence else None
+
+
+def poke_request(db: Database, task: ClaimedTask, message: Message) -> Message:
+    """The run request of a poke: `message` with the state the last poke left and whether this
+    poke is the final one (on the database's clock)."""
+    start = poke_start(db, task)
+    return message | {
+        "poke": {
+            "state": start.state,
+            "final": start.final,
+            "first_poke_at": start.first_poke_at.isoformat() if start.first_poke_at else None,
+        }
+    }
+
+
+def poke_answer(outcome: Message) -> tuple[str, Message]:
+    """What a poke's reply says: ("wait" | "timeout", the answer) to record as such, ("ready",
+    the plain success it stands for, evidence as outputs), or ("reply", as it came)."""
+    answer = outcome.get("value") if outcome.get("ok") else None
+    if not isinstance(answer, dict) or POKE_KEY not in answer:
+        return "reply", outcome
+    kind = answer[POKE_KEY]
+    if kind == "ready":
+        ready = {k: v for k, v in outcome.items() if k != "value"} | {"value": answer.get("value")}
+        evidence = poke_evidence(answer)
+        return "ready", ready | {"outputs": evidence} if evidence else ready
+    return ("wait" if kind == "wait" else "timeout"), answer
 
 
 class Pokes:
@@ -45,26 +74,14 @@ class Pokes:
 
     def message(self, task: ClaimedTask, message: Message) -> Message:
         """The run request of a poke: with the state the last poke left."""
-        start = poke_start(self.slot.db, task)
-        return message | {
-            "poke": {
-                "state": start.state,
-                "final": start.final,
-                "first_poke_at": start.first_poke_at.isoformat() if start.first_poke_at else None,
-            }
-        }
+        return poke_request(self.slot.db, task, message)
 
     def take(self, current: Running, definition: TaskDef, outcome: Message) -> Message | None:
         """Record a reschedule or a timeout (None: done); otherwise the reply the slot records,
         a poke's "ready" turned into the plain success it stands for."""
-        answer = outcome.get("value") if outcome.get("ok") else None
-        if not isinstance(answer, dict) or POKE_KEY not in answer:
-            return outcome
-        kind = answer[POKE_KEY]
-        if kind == "ready":
-            ready = {k: v for k, v in outcome.items() if k != "value"} | {"value": answer.get("value")}
-            evidence = _evidence(answer)
-            return ready | {"outputs": evidence} if evidence else ready
+        kind, answer = poke_answer(outcome)
+        if kind in ("reply", "ready"):
+            return answer
         slot = self.slot
         submitted = kind == "wait" and bool(answer.get("submitted"))
         if not slot._await_confirmation(current):  # the start was refused: the attempt is not ours
@@ -82,7 +99,7 @@ class Pokes:
                     worker_id=slot.worker_id,
                     hostname=slot.hostname,
                     state=answer.get("state"),
-                    evidence=_evidence(answer),
+                    evidence=poke_evidence(answer),
                     code_version=code_version,
                 ),
             )
@@ -96,7 +113,7 @@ class Pokes:
                 task,
                 worker_id=slot.worker_id,
                 hostname=slot.hostname,
-                evidence=_evidence(answer),
+                evidence=poke_evidence(answer),
                 code_version=code_version,
             ),
         )
