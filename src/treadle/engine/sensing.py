@@ -318,3 +318,11 @@ def _discard(conn: Connection, task: ClaimedTask, what: str) -> None:
             "report": what,
         },
     )
+
+
+def dataset_event_for_interval(
+    db: Database, dataset: str, *, start: datetime, end: datetime
+) -> dict[str, Any] | None:
+    """The newest event on `dataset` from a run whose data interval covers [start, end) (the
+    dataset sensor's question); None if there is none yet."""
+    return db.query(lambda conn: poke_store.dataset_event_covering(conn, dataset, start=start, end=end))

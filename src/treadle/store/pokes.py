@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import UseCase, task_sources
+from treadle.store.tables import dag_runs, dataset_events
 from treadle.store.tables import task_attempts as ta
 from treadle.store.tables import task_instances as ti
 
@@ -116,3 +117,18 @@ def mark_skipped(conn: Connection, *, run_id: str, task_ids: list[str], now: dat
         .values(state=TaskState.SKIPPED.value, ended_at=now)
     )
     return int(result.rowcount)
+
+
+def dataset_event_covering(
+    conn: Connection, dataset: str, *, start: datetime, end: datetime
+) -> dict[str, Any] | None:
+    """The newest event on `dataset` recorded by a run whose data interval covers [start, end)."""
+    e, r = dataset_events.c, dag_runs.c
+    row = conn.execute(
+        sa.select(e.id, e.run_id, e.dag_id, e.task_id, e.version, e.created_at)
+        .select_from(dataset_events.join(dag_runs, dag_runs.c.run_id == e.run_id))
+        .where(e.dataset == dataset, r.data_interval_start <= start, r.data_interval_end >= end)
+        .order_by(e.id.desc())
+        .limit(1)
+    ).one_or_none()
+    return None if row is None else dict(row._mapping)
