@@ -123,7 +123,7 @@ class LocalProcessJob(Deferred):
             return PollResult.success({"exit_code": 0, "dir": str(folder)}, **evidence)
         tail = _tail(folder / "stderr")
         message = ended.get("error") or (f"stderr: {tail}" if tail else "")
-        return PollResult.failed(code, message, **evidence)
+        return PollResult.failed(code, message, dir=str(folder))
 
     def cancel(self, handle: Any) -> None:
         self._same_host(handle)

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from treadle.errors import TreadleError
-from treadle.store.database import normalise_url
+from treadle.store.database import Database, normalise_url
 
 
 def first_value(
@@ -17,18 +17,24 @@ def first_value(
 ) -> Any:
     """The first column of the first row `query` returns on the database at `url` (None: no row).
 
-    Bound parameters only (`:name` in the query): no value is ever formatted into the SQL.
+    Bound parameters only (`:name` in the query): no value is ever formatted into the SQL. On the
+    databases treadle runs on, the statement is bounded by `timeout_s` as treadle's own are; any
+    other SQLAlchemy URL is used as it is.
     """
-    try:  # the URLs treadle itself takes get its bundled drivers; any other goes as it is
-        url = normalise_url(url)
-    except TreadleError:
-        pass
-    engine = sa.create_engine(url, poolclass=NullPool)
     try:
-        with engine.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.exec_driver_sql(f"SET statement_timeout = {int(timeout_s * 1000)}")
+        normalise_url(url)
+    except TreadleError:
+        engine = sa.create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                row = conn.execute(sa.text(query), dict(parameters or {})).first()
+        finally:
+            engine.dispose()
+        return None if row is None else row[0]
+    db = Database(url, application_name="treadle-sql-sensor", pool_size=1, statement_timeout_s=timeout_s)
+    try:
+        with db.read() as conn:
             row = conn.execute(sa.text(query), dict(parameters or {})).first()
     finally:
-        engine.dispose()
+        db.dispose()
     return None if row is None else row[0]
