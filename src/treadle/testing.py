@@ -15,6 +15,7 @@ from __future__ import annotations
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -184,16 +185,21 @@ def _execute(db: Database, dag: Dag, task: ClaimedTask, max_result_bytes: int) -
     )
     if definition.sensor is not None:
         kind, reply = poke_answer(reply)
-        if kind in ("wait", "timeout"):
-            record = reschedule_attempt if kind == "wait" else time_out_sensor
-            extra = {"state": reply.get("state")} if kind == "wait" else {}
-            record(
+        if kind == "wait":
+            first = (message.get("poke") or {}).get("first_poke_at")
+            reschedule_attempt(
                 db,
                 task,
                 worker_id="treadle-testing",
                 hostname="local",
+                state=reply.get("state"),
                 evidence=poke_evidence(reply),
-                **extra,
+                first_poke_at=datetime.fromisoformat(first) if first else None,
+            )
+            return
+        if kind == "timeout":
+            time_out_sensor(
+                db, task, worker_id="treadle-testing", hostname="local", evidence=poke_evidence(reply)
             )
             return
     if reply.get("ok"):

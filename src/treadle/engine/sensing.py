@@ -84,19 +84,20 @@ def reschedule_attempt(
     state: Any,
     evidence: dict[str, Any] | None = None,
     code_version: str | None = None,
+    first_poke_at: datetime | None = None,
 ) -> Ending:
     """Record a poke that found the condition unmet (or the job running) and schedule the next.
 
     Fenced like a failure: applied only while this worker holds the attempt. The attempt is
     recorded `rescheduled` with the poke's evidence in its outputs; `state` (a submitted job's
     handle, a sensor's state) is stored in the same statement as the reschedule.
+    `first_poke_at`: as `poke_start` read it (None on the first poke: this one's start).
     """
 
     def work(conn: Connection) -> Ending:
         now = db_now(conn)
         spec = spec_of(version_of(db, conn, task.dag_version_id), task.task_id)
-        row = poke_store.poke_row(conn, task.task_instance_id)
-        first = (row.first_poke_at if row is not None else None) or task.started_at or now
+        first = first_poke_at or task.started_at or now
         moved = poke_store.reschedule(
             conn,
             task_instance_id=task.task_instance_id,

@@ -10,6 +10,7 @@ attempt's outputs); anything else is an ordinary reply.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from treadle.authoring.sensing import POKE_KEY
@@ -66,6 +67,12 @@ def poke_answer(outcome: Message) -> tuple[str, Message]:
     return ("wait" if kind == "wait" else "timeout"), answer
 
 
+def _first_poke_at(request: Message) -> datetime | None:
+    """The first poke's time the request carried (None: this is the first)."""
+    first = (request.get("poke") or {}).get("first_poke_at")
+    return datetime.fromisoformat(first) if isinstance(first, str) else None
+
+
 class Pokes:
     """Builds a slot's poke requests and records the answers that are not a plain success."""
 
@@ -76,7 +83,9 @@ class Pokes:
         """The run request of a poke: with the state the last poke left."""
         return poke_request(self.slot.db, task, message)
 
-    def take(self, current: Running, definition: TaskDef, outcome: Message) -> Message | None:
+    def take(
+        self, current: Running, definition: TaskDef, request: Message, outcome: Message
+    ) -> Message | None:
         """Record a reschedule or a timeout (None: done); otherwise the reply the slot records,
         a poke's "ready" turned into the plain success it stands for."""
         kind, answer = poke_answer(outcome)
@@ -101,6 +110,7 @@ class Pokes:
                     state=answer.get("state"),
                     evidence=poke_evidence(answer),
                     code_version=code_version,
+                    first_poke_at=_first_poke_at(request),
                 ),
             )
             if ending is not None and not ending.applied and submitted:

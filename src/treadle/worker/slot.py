@@ -182,7 +182,7 @@ class Slot(threading.Thread):
                 self.on_fenced(task, current.fenced_after_s)
             return
         if definition.sensor is not None:
-            outcome = self.pokes.take(current, definition, outcome)
+            outcome = self.pokes.take(current, definition, message, outcome)
             if outcome is None:  # rescheduled or timed out: recorded
                 return
         if outcome.get("ok"):
