@@ -11,6 +11,7 @@ its `queued_at` (database times). Prints p50 / p99 / max of both phases and the 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import textwrap
@@ -137,12 +138,16 @@ def main() -> None:
     parser.add_argument("--sensors", type=int, default=100, help="sensors poking at once")
     parser.add_argument("--poke-interval", type=float, default=1.0, help="seconds between pokes")
     parser.add_argument("--concurrency", type=int, default=2, help="slots of the one worker")
+    parser.add_argument(
+        "--prefetch", type=int, default=None, help="the worker's --prefetch (default: its own)"
+    )
     parser.add_argument("--wave", type=int, default=1, help="no-op tasks per wave run")
     parser.add_argument("--waves", type=int, default=200, help="wave runs per phase")
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between wave runs")
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for one run")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()
     procs = Processes()
     with tempfile.TemporaryDirectory(prefix="treadle-bench-") as tmp, pg_database("bench_sensors") as url:
         root = Path(tmp)
@@ -155,7 +160,8 @@ def main() -> None:
         try:
             cli(["db", "upgrade"], env)
             cli(["dags", "sync"], env)
-            procs.start(["worker", "--concurrency", str(args.concurrency)], env, logs[0])
+            prefetch = [] if args.prefetch is None else ["--prefetch", str(args.prefetch)]
+            procs.start(["worker", "--concurrency", str(args.concurrency), *prefetch], env, logs[0])
             procs.start(["scheduler"], env, logs[1])
             wait_for("the worker", lambda: log_mentions(logs[0], '"worker.started"'), timeout=60)
             with psycopg.connect(url, autocommit=True) as conn:
@@ -192,10 +198,15 @@ def main() -> None:
                 "sensors": args.sensors,
                 "poke_interval_s": args.poke_interval,
                 "concurrency": args.concurrency,
+                "prefetch": "worker default" if args.prefetch is None else args.prefetch,
                 "wave_size": args.wave,
                 "waves_per_phase": args.waves,
             },
             "machine": machine(),
+            "loadavg_1_5_15": {
+                "before": [round(x, 2) for x in load_before],
+                "after": [round(x, 2) for x in os.getloadavg()],
+            },
             "ready_to_started_alone": baseline,
             "ready_to_started_beside_sensors": loaded,
             "p99_delay_ms": delay,

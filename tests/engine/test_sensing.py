@@ -5,6 +5,8 @@ of submitted jobs and what `why` says of a waiting sensor."""
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from treadle.domain.records import ClaimedTask
 from treadle.engine.cancellation import cancel_run
 from treadle.engine.diagnosis import why
 from treadle.engine.execution import claim_task_instances
-from treadle.engine.reaper import promote_due_retries
+from treadle.engine.reaper import promote_due_retries, reap_expired_leases
 from treadle.engine.sensing import (
     claim_job_cancels,
     finish_job_cancel,
@@ -293,5 +295,37 @@ def test_cancelling_a_waiting_job_owes_its_cancel_to_a_worker(db_url: str, tmp_p
             [pending] = job_store.list_for_run(conn, run_id)
         assert pending["done_at"] is None and pending["error"] == "api down"
         assert claim_job_cancels(runner.db, worker_id="w1", queues=["other"], lease_s=60) == []
+    finally:
+        runner.close()
+
+
+def test_a_lost_poke_counts_towards_poison_and_keeps_the_job_handle(db_url: str, tmp_path: Path) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"script": ["running"]}))
+
+    @dag(dag_id="lost_poke")
+    def lost_poke() -> None:
+        FileJob(str(path), task_id="job", poll_interval=0.01)
+
+    runner = DagRunner(lost_poke, database_url=db_url)
+    try:
+        run_id = runner.trigger()
+        runner._step(run_id)  # the submit
+        time.sleep(0.05)
+        assert promote_due_retries(runner.db) == 1
+        polling = _claim(runner)  # a poll whose worker then dies
+        with runner.db.begin() as conn:
+            conn.execute(
+                ti_table.update()
+                .where(ti_table.c.id == polling.task_instance_id)
+                .values(lease_expires_at=datetime(2000, 1, 1, tzinfo=UTC))
+            )
+        assert reap_expired_leases(runner.db) == 1
+        row = _instances(runner, run_id)["job"]
+        assert (row.state, row.orphaned_count) == ("retry_wait", 1)
+        assert poke_start(runner.db, polling).state == {
+            "path": str(path),
+            "submit": 1,
+        }  # polled, not resubmitted
     finally:
         runner.close()
