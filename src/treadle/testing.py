@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,14 @@ from treadle.engine.datasets import parse_outlet_events, run_dataset_events
 from treadle.engine.execution import claim_task_instances, complete_attempt, fail_attempt
 from treadle.engine.reaper import promote_due_retries
 from treadle.engine.runs import finish_idle_runs, trigger_run
+from treadle.engine.sensing import reschedule_attempt, time_out_sensor
 from treadle.errors import InvalidRequest
 from treadle.store import migrate
 from treadle.store.database import Database
 from treadle.store.datasets import DatasetEventInfo
 from treadle.worker.attempt_log import AttemptFiles, AttemptLog
 from treadle.worker.child import call_callback, call_task
+from treadle.worker.poking import job_ended, poke_answer, poke_evidence, poke_request
 from treadle.worker.protocol import run_message, to_attempt_details, to_attempt_error
 
 __all__ = ["DagRunResult", "DagRunner", "exit_with", "run_dag"]
@@ -220,7 +223,12 @@ def run_dag(
 
 
 #: States that move on without an operator.
-_MOVING = {TaskState.QUEUED.value, TaskState.RUNNING.value, TaskState.RETRY_WAIT.value}
+_MOVING = {
+    TaskState.QUEUED.value,
+    TaskState.RUNNING.value,
+    TaskState.RETRY_WAIT.value,
+    TaskState.UP_FOR_RESCHEDULE.value,
+}
 
 
 def exit_with(
@@ -272,6 +280,9 @@ def _execute(
 ) -> None:
     version = db.version_cache[task.dag_version_id]
     message = run_message(task, version) | dict(extra)
+    definition = version.structure.tasks[task.task_id]
+    if definition.sensor is not None:  # a poke: it starts from what the last one left
+        message = poke_request(db, task, message)
     log = AttemptLog(Path(message["log_path"]), max_bytes=int(message["log_max_bytes"]))
     try:
         reply = call_task(
@@ -283,6 +294,25 @@ def _execute(
         )
     finally:
         log.close()
+    if definition.sensor is not None:
+        kind, reply = poke_answer(reply)
+        if kind == "wait":
+            first = (message.get("poke") or {}).get("first_poke_at")
+            reschedule_attempt(
+                db,
+                task,
+                worker_id="treadle-testing",
+                hostname="local",
+                state=reply.get("state"),
+                evidence=poke_evidence(reply),
+                first_poke_at=datetime.fromisoformat(first) if first else None,
+            )
+            return
+        if kind == "timeout":
+            time_out_sensor(
+                db, task, worker_id="treadle-testing", hostname="local", evidence=poke_evidence(reply)
+            )
+            return
     if reply.get("ok"):
         try:
             annotations = parse_outlet_events(reply.get("outlet_events"))
@@ -303,7 +333,13 @@ def _execute(
         error = to_attempt_error(reply)
     outcome = AttemptOutcome.UNKNOWN_COMMIT if error.unknown_commit else AttemptOutcome.FAILED
     ending = fail_attempt(
-        db, task, outcome=outcome, error=error, worker_id="treadle-testing", hostname="local"
+        db,
+        task,
+        outcome=outcome,
+        error=error,
+        worker_id="treadle-testing",
+        hostname="local",
+        forget_poll_state=job_ended(definition, error),
     )
     if ending.applied and ending.decision is not None:
         name = "on_retry" if ending.decision.retry else "on_dead_letter"

@@ -17,6 +17,19 @@ MAX_OUTLET_METADATA_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Poke:
+    """What the current poke knows of the earlier ones (`context.poke`)."""
+
+    #: What the last poke left: a sensor's `Waiting.state`, or a submitted job's handle.
+    #: None on the first poke. Any: JSON.
+    state: Any = None
+    #: This poke starts at or past the timeout: a condition still unmet ends the wait.
+    final: bool = False
+    #: Database time of the first poke (None on the first).
+    first_poke_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskContext:
     """What a task knows about the attempt it runs in.
 
@@ -49,6 +62,8 @@ class TaskContext:
     #: Position of this instance in the list a mapped task maps over (its element is the mapped
     #: argument); -1 for a task that is not mapped.
     map_index: int = -1
+    #: Sensors and submit-then-poll tasks: what the earlier pokes left (None for other tasks).
+    poke: Poke | None = None
 
     @property
     def artifacts(self) -> Artifacts:

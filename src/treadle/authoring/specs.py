@@ -16,6 +16,7 @@ from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
 from treadle.domain.graph import find_cycle
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.param_rules import ParamRule
+from treadle.domain.sensing import SensorSpec
 from treadle.domain.timetable import ScheduleSpec
 from treadle.domain.trigger_rules import TriggerRule
 from treadle.errors import DagDefinitionError
@@ -43,6 +44,8 @@ class TaskNode:
     map_arg: str | None = None
     #: Set for a command task: `fn` then returns its argv (or is not called: a fixed argv).
     command: CommandSpec | None = None
+    #: Set for sensors and submit-then-poll tasks (`authoring/sensing.py`).
+    sensor: SensorSpec | None = None
 
     def to_def(self) -> TaskDef:
         """Return the serialized definition."""
@@ -70,6 +73,7 @@ class TaskNode:
             max_map_length=s.max_map_length if self.map_arg else None,
             max_active_mapped=s.max_active_mapped if self.map_arg else None,
             command=None if self.command is None else self.command.to_json(),
+            sensor=self.sensor,
         )
 
 

@@ -13,6 +13,7 @@ from treadle.domain.exit_codes import ExitContract
 from treadle.domain.graph import downstream_map, transitive_downstream
 from treadle.domain.param_rules import ParamRule
 from treadle.domain.retry import RetryPolicy
+from treadle.domain.sensing import SensorSpec
 from treadle.domain.timetable import ScheduleSpec
 
 #: JSON values as stored (Any only at this serialization boundary).
@@ -80,6 +81,8 @@ class TaskDef:
     max_active_mapped: int | None = None
     #: A command task's program (domain/commands.py `CommandSpec.to_json`); None: a Python task.
     command: dict[str, JSON] | None = None
+    #: Set for sensors and submit-then-poll tasks: they wait between pokes holding no slot.
+    sensor: SensorSpec | None = None
 
     def to_json(self) -> dict[str, JSON]:
         """Return the JSON form (settings added since the first version only when set, so the
@@ -90,6 +93,8 @@ class TaskDef:
             data["exit_contract"] = self.exit_contract.to_json()
         if self.command is not None:
             data["command"] = self.command
+        if self.sensor is not None:
+            data["sensor"] = self.sensor.to_json()
         return data
 
     def _base_json(self, r: RetryPolicy) -> dict[str, JSON]:
@@ -160,6 +165,7 @@ class TaskDef:
             max_map_length=data.get("max_map_length"),
             max_active_mapped=data.get("max_active_mapped"),
             command=data.get("command"),
+            sensor=SensorSpec.from_json(data["sensor"]) if data.get("sensor") else None,
         )
 
     @property

@@ -12,6 +12,9 @@ class TaskState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     RETRY_WAIT = "retry_wait"
+    #: A sensor whose condition did not hold yet, or a submitted job still running: waits for
+    #: its next poke in the database, holding no worker slot.
+    UP_FOR_RESCHEDULE = "up_for_reschedule"
     #: The attempt may have committed part of its output (unknown commit): never retried
     #: automatically; blocks its downstream and holds the run open until an operator resolves it.
     NEEDS_INSPECTION = "needs_inspection"
@@ -68,6 +71,9 @@ class AttemptOutcome(StrEnum):
     REJECTED = "rejected"
     #: The job may have committed part of its output (exit code 60 by the standard contract).
     UNKNOWN_COMMIT = "unknown_commit"
+    #: A poke found the condition not met yet (or the submitted job still running): the instance
+    #: waits for its next poke; spends no retry.
+    RESCHEDULED = "rescheduled"
 
 
 class DeadLetterReason(StrEnum):
@@ -78,3 +84,5 @@ class DeadLetterReason(StrEnum):
     NON_RETRYABLE = "non_retryable"
     #: An operator resolved a needs_inspection instance as failed.
     RESOLVED_FAILED = "resolved_failed"
+    #: A sensor's condition (or a submitted job) did not complete within its timeout.
+    SENSOR_TIMEOUT = "sensor_timeout"

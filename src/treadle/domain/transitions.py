@@ -34,6 +34,9 @@ class UseCase(StrEnum):
     CLOSE = "close"
     REOPEN = "reopen"
     RESOLVE = "resolve"
+    RESCHEDULE = "reschedule"
+    SENSOR_TIMEOUT = "sensor_timeout"
+    PROPAGATE_SKIP = "propagate_skip"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +52,7 @@ class Transition:
 _T, _R = TaskState, RunState
 _RETRY_OR_DEAD = (_T.RETRY_WAIT, _T.DEAD_LETTER)
 _CLEARABLE = (_T.SUCCESS, _T.DEAD_LETTER, _T.UPSTREAM_FAILED, _T.CANCELLED, _T.SKIPPED, _T.PENDING)
-_ACTIVE = (_T.PENDING, _T.QUEUED, _T.RUNNING, _T.RETRY_WAIT, _T.NEEDS_INSPECTION)
+_ACTIVE = (_T.PENDING, _T.QUEUED, _T.RUNNING, _T.RETRY_WAIT, _T.UP_FOR_RESCHEDULE, _T.NEEDS_INSPECTION)
 
 
 def _edges(
@@ -87,6 +90,20 @@ TASK_TRANSITIONS: tuple[Transition, ...] = (
     *_edges((_T.QUEUED,), _RETRY_OR_DEAD, UseCase.DISPATCH_TIMEOUT, "no worker took it before its deadline"),
     *_edges((_T.RUNNING,), (_T.QUEUED,), UseCase.HAND_BACK, "a stopping worker gives it back unstarted"),
     *_edges((_T.RETRY_WAIT,), (_T.QUEUED,), UseCase.PROMOTE_RETRY, "its retry wait is over"),
+    *_edges(
+        (_T.RUNNING,),
+        (_T.UP_FOR_RESCHEDULE,),
+        UseCase.RESCHEDULE,
+        "a sensor's condition is not met yet / a submitted job still runs",
+    ),
+    *_edges((_T.UP_FOR_RESCHEDULE,), (_T.QUEUED,), UseCase.PROMOTE_RETRY, "its next poke is due"),
+    *_edges(
+        (_T.RUNNING,),
+        (_T.DEAD_LETTER, _T.SKIPPED),
+        UseCase.SENSOR_TIMEOUT,
+        "a sensor's timeout passed (skipped when it is soft_fail)",
+    ),
+    *_edges((_T.PENDING,), (_T.SKIPPED,), UseCase.PROPAGATE_SKIP, "an upstream soft_fail sensor timed out"),
     *_edges(
         (_T.PENDING,),
         (_T.UPSTREAM_FAILED,),

@@ -16,6 +16,7 @@ from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, TaskState
 from treadle.engine.dags import version_of
 from treadle.engine.execution import insert_attempt_record
 from treadle.engine.runs import cancel_run_row, close_run_if_done
+from treadle.engine.sensing import owe_job_cancels
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import cancellation as cancel_store
@@ -70,6 +71,16 @@ def _cancel(
         cancel_store.cancel_instances(conn, ids=[r.id for r in late], now=now)
         rows = [*rows, *late]
     note = f"cancelled by {actor}" + (f": {reason}" if reason else "")
+    # A submitted external job is cancelled by a worker, which may run the task's code.
+    owed = owe_job_cancels(
+        db,
+        conn,
+        run_id=run_id,
+        dag_version_id=run.dag_version_id,
+        ids=[r.id for r in rows],
+        reason=note,
+        now=now,
+    )
     running = [r for r in rows if r.state == TaskState.RUNNING.value]
     for r in running:
         task = ClaimedTask(
@@ -106,7 +117,7 @@ def _cancel(
         target=f"run:{run_id}" + (f"/task:{task_id}" if task_id else ""),
         details={"reason": reason, "cancelled": [r.task_id for r in rows]},
     )
-    if running:
+    if running or owed:
         dialects.notify_cancel(conn)
     state = run_store.get_run(conn, run_id)
     return Cancellation(

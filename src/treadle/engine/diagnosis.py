@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 from treadle.domain.dag_version import TaskDef
 from treadle.domain.mapping import instance_label
 from treadle.domain.records import TaskInstanceInfo, WorkerInfo
+from treadle.domain.sensing import PokeKind, SensorSpec, poke_deadline
 from treadle.domain.states import TERMINAL_TASK_STATES, TaskState
 from treadle.domain.trigger_rules import DEFAULT_RULE
 from treadle.engine.dags import version_of
@@ -18,6 +19,7 @@ from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import dags as dag_store
 from treadle.store import limits
+from treadle.store import pokes as poke_store
 from treadle.store import pools as pool_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
@@ -112,9 +114,12 @@ def why(db: Database, run_id: str, task_id: str | None = None, *, worker_stale_s
             if not instances:
                 raise InvalidRequest(f"run {run_id!r} has no task {task_id!r}")
         now = db_now(conn)
-        tasks = version_of(db, conn, run.dag_version_id).structure.tasks
+        structure = version_of(db, conn, run.dag_version_id).structure
         return [
-            _explain(conn, t, tasks[t.task_id], states, now=now, stale_s=worker_stale_s) for t in instances
+            waiting_poke(conn, t, structure.tasks[t.task_id].sensor, now=now)
+            if t.state == TaskState.UP_FOR_RESCHEDULE.value
+            else _explain(conn, t, structure.tasks[t.task_id], states, now=now, stale_s=worker_stale_s)
+            for t in instances
         ]
 
     return db.query(work)
@@ -156,6 +161,34 @@ def _pending_reason(
     )
     maps = f"; then maps over the result of {definition.map_source}" if definition.map_source else ""
     return f"upstream not done{rule}: " + ", ".join(open_ups) + maps, tuple(open_ups)
+
+
+def waiting_poke(conn: Connection, t: TaskInstanceInfo, spec: SensorSpec | None, *, now: datetime) -> Waiting:
+    """Why a sensor (or a submitted job's poller) waits: its next poke, pokes so far, timeout."""
+    row = poke_store.poke_row(conn, t.id)
+    pokes = poke_store.count_pokes(conn, task_instance_id=t.id)
+    first = row.first_poke_at if row is not None else None
+    nxt = t.next_attempt_at.isoformat() if t.next_attempt_at else "?"
+    what = (
+        "submitted job still running"
+        if spec is not None and spec.kind is PokeKind.DEFERRED
+        else "condition not met yet"
+    )
+    timeout = "no timeout"
+    if spec is not None and spec.timeout_s is not None:
+        deadline = poke_deadline(spec, first)
+        left = f", {max((deadline - now).total_seconds(), 0):.0f} s left" if deadline else ""
+        then = "skipped (soft_fail)" if spec.soft_fail else "dead-lettered sensor_timeout"
+        timeout = f"timeout {spec.timeout_s:g} s from the first poke{left}, then {then}"
+    interval = f"every {spec.poke_interval_s:g} s" if spec is not None else ""
+    started = f"; first poke {first.isoformat()}" if first else ""
+    return Waiting(
+        task_instance_id=t.id,
+        task_id=t.task_id,
+        state=t.state,
+        reason=f"{what}: next poke at {nxt} ({interval}); pokes so far: {pokes}{started}; {timeout}. "
+        "It holds no worker slot meanwhile",
+    )
 
 
 def _explain(

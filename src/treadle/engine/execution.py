@@ -457,6 +457,7 @@ def fail_attempt(
     timeout_before: datetime | None = None,
     lost_by: str | None = None,
     report_late: bool = True,
+    forget_poll_state: bool = False,
 ) -> Ending:
     """Record an unsuccessful attempt and apply the retry policy (retry_wait or dead_letter).
 
@@ -467,6 +468,7 @@ def fail_attempt(
     guard is its dispatch deadline, which must be before `timeout_before`. A dead letter makes
     its downstream upstream_failed and tries to close the run, in the same transaction. A
     worker's report that comes too late is noted on the attempt unless `report_late` is False.
+    `forget_poll_state`: the submitted job of a submit-then-poll task ended; a retry submits anew.
     """
     rand = random.random()
     guard = _FailureGuard(
@@ -485,7 +487,9 @@ def fail_attempt(
             rand=rand,
             now=now,
         )
-        if not _end_failed(conn, task, plan, outcome=outcome, guard=guard, now=now):
+        if not _end_failed(
+            conn, task, plan, outcome=outcome, guard=guard, now=now, forget_poll_state=forget_poll_state
+        ):
             if worker_id is not None and report_late:
                 _discard(conn, task, outcome.value)
             return Ending(applied=False)
@@ -547,6 +551,7 @@ def _end_failed(
     outcome: AttemptOutcome,
     guard: _FailureGuard,
     now: datetime,
+    forget_poll_state: bool = False,
 ) -> bool:
     """The guarded write of a failure plan; False if another party moved the attempt first."""
     if outcome is AttemptOutcome.DISPATCH_TIMEOUT:
@@ -574,6 +579,7 @@ def _end_failed(
         next_attempt_at=plan.next_attempt_at,
         dead_letter_reason=plan.dead_letter_reason,
         orphaned=plan.orphaned,
+        forget_poll_state=forget_poll_state,
     )
 
 

@@ -22,7 +22,7 @@ log = logging.getLogger("treadle.reaper")
 
 
 def promote_due_retries(db: Database) -> int:
-    """Queue every task instance whose retry wait is over; returns how many."""
+    """Queue every task instance whose retry wait, or wait for its next poke, is over; returns how many."""
 
     def work(conn: Connection) -> int:
         moved = ti_store.promote_due_retries(conn, now=db_now(conn))

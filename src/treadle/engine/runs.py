@@ -187,7 +187,8 @@ def _task_instance_rows(
                 "budget_base": 0,
                 "orphaned_count": 0,
                 "queue": t.queue,
-                "priority_weight": t.priority_weight + priority_offset,
+                # A sensor's pokes rank just below its weight: among equals, other work goes first.
+                "priority_weight": t.priority_weight + priority_offset - (1 if t.sensor is not None else 0),
                 "upstream_total": len(t.upstream),
                 "upstream_done": 0,
                 "queued_at": run.created_at if is_root else None,

@@ -54,6 +54,9 @@ def reset_instances(conn: Connection, resets: Sequence[Reset], *, now: datetime)
             "lease_expires_at": None,
             "timeout_at": None,
             "next_attempt_at": None,
+            # A cleared sensor waits afresh; a cleared submit-then-poll task submits anew.
+            "first_poke_at": None,
+            "poll_handle": sa.null(),
             "queued_at": stamp if r.queued else None,
             "dispatch_deadline": dialects.plus_seconds(conn, stamp, ti.c.queue_timeout_s)
             if r.queued

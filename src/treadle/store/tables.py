@@ -175,6 +175,11 @@ task_instances = sa.Table(
     sa.Column("timeout_s", Seconds, nullable=True),
     sa.Column("timeout_at", UTCDateTime, nullable=True),
     sa.Column("dead_letter_reason", sa.String(40), nullable=True),
+    #: Sensors and submit-then-poll tasks: database time of the first poke (their timeout counts
+    #: from it) and what the last poke left for the next: a submitted job's handle, or a
+    #: sensor's state (0009).
+    sa.Column("first_poke_at", UTCDateTime, nullable=True),
+    sa.Column("poll_handle", JSONType, nullable=True),
     sa.UniqueConstraint("run_id", "task_id", "map_index"),
     sa.Index(None, "state", "next_attempt_at"),
     sa.Index(None, "state", "lease_expires_at"),
@@ -290,6 +295,34 @@ pools = sa.Table(
     sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("updated_at", UTCDateTime, nullable=False),
+    **MYSQL_OPTIONS,
+)
+
+#: Submitted external jobs whose cancel is still owed: a cancelled or timed-out submit-then-poll
+#: task's handle, until a worker serving its queue has run the task's `cancel(handle)` (0009).
+job_cancellations = sa.Table(
+    "job_cancellations",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("task_instance_id", sa.BigInteger, nullable=False),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("dag_id", ID, nullable=False),
+    sa.Column("task_id", ID, nullable=False),
+    sa.Column("dag_version_id", sa.BigInteger, nullable=False),
+    sa.Column("queue", sa.String(250), nullable=False),
+    sa.Column("handle", JSONType, nullable=False),
+    sa.Column("reason", sa.String(250), nullable=False),
+    sa.Column("requested_at", UTCDateTime, nullable=False),
+    #: Tries so far; the next one is not before `next_try_at`.
+    sa.Column("tries", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_try_at", UTCDateTime, nullable=False),
+    #: The worker running the cancel, and until when it may (another takes over after).
+    sa.Column("worker_id", sa.String(250), nullable=True),
+    sa.Column("lease_expires_at", UTCDateTime, nullable=True),
+    sa.Column("done_at", UTCDateTime, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Index(None, "done_at", "queue", "next_try_at"),
+    sa.Index(None, "run_id"),
     **MYSQL_OPTIONS,
 )
 

@@ -374,12 +374,14 @@ def end_running(
     next_attempt_at: datetime | None = None,
     dead_letter_reason: str | None = None,
     orphaned: bool = False,
+    forget_poll_state: bool = False,
 ) -> bool:
     """Compare-and-set running -> `new_state` for one attempt, an edge `by` may take; False if
     another party moved it.
 
     `worker_id` fences a worker's report; `lease_expired_before` / `timeout_before` fence the
-    reaper (the lease or the execution deadline must really have passed).
+    reaper (the lease or the execution deadline must really have passed). `forget_poll_state`
+    drops a submitted job's handle and first poke (the job ended: a retry submits anew).
     """
     values: dict[str, Any] = {
         "state": new_state.value,
@@ -390,6 +392,8 @@ def end_running(
     }
     if orphaned:
         values["orphaned_count"] = ti.c.orphaned_count + 1
+    if forget_poll_state:
+        values.update(poll_handle=sa.null(), first_poke_at=None)
     stmt = _guard(
         sa.update(ti).values(**values),
         sources=task_sources(by, new_state),
@@ -640,13 +644,17 @@ def requeue_dead_letter(
             dead_letter_reason=None,
             ended_at=None,
             worker_id=None,
+            # A requeued sensor waits afresh; a requeued submit-then-poll task submits anew.
+            first_poke_at=None,
+            poll_handle=sa.null(),
         )
     )
     return bool(result.rowcount)
 
 
 def promote_due_retries(conn: Connection, *, now: datetime, limit: int = 1000) -> int:
-    """retry_wait -> queued for every task instance whose next attempt is due."""
+    """retry_wait and up_for_reschedule -> queued for every task instance whose next attempt
+    (or next poke) is due."""
     waiting = task_sources(UseCase.PROMOTE_RETRY, TaskState.QUEUED)
     due = sa.select(ti.c.id).where(ti.c.state.in_(waiting), ti.c.next_attempt_at <= now).limit(limit)
     result = conn.execute(

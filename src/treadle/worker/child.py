@@ -23,9 +23,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, TaskContext
+from treadle.authoring.context import MAX_OUTLET_METADATA_BYTES, Poke, TaskContext
 from treadle.authoring.loader import FolderModules, dag_files, folder_signature, load_file, make_importable
 from treadle.authoring.outcomes import PYTHON_FAILURE_EXIT_CODE, TaskOutcome
+from treadle.authoring.sensing import deferred_of
 from treadle.authoring.specs import Dag, TaskNode, downstream_of
 from treadle.domain.branching import InvalidBranch, chosen_branches
 from treadle.domain.exit_codes import Disposition, ExitContract
@@ -165,6 +166,19 @@ def _context(msg: Message, manifest_path: str | None) -> TaskContext:
         upstream_results=msg.get("upstream_results") or {},
         outlets=tuple(msg.get("outlets") or ()),
         map_index=int(msg.get("map_index", -1)),
+        poke=_poke(msg.get("poke")),
+    )
+
+
+def _poke(data: Any) -> Poke | None:
+    """What a sensor's or submit-then-poll task's attempt knows of the earlier pokes."""
+    if not isinstance(data, dict):
+        return None
+    first = data.get("first_poke_at")
+    return Poke(
+        state=data.get("state"),
+        final=bool(data.get("final")),
+        first_poke_at=datetime.fromisoformat(first) if isinstance(first, str) else None,
     )
 
 
@@ -450,6 +464,26 @@ def _not_retryable(error_type: str, message: str) -> Message:
     }
 
 
+def run_job_cancel(cache: DagCache, msg: Message) -> Message:
+    """Run a submit-then-poll task's `cancel(handle)` for a cancelled or abandoned job."""
+    try:
+        dag = cache.get(msg["dag_id"], msg["version_hash"])
+        node = dag.tasks.get(msg["task_id"])
+        job = deferred_of(node.fn) if node is not None else None
+        if job is None:
+            raise LookupError(
+                f"task {msg['task_id']!r} of DAG {msg['dag_id']!r} is not a submit-then-poll task"
+            )
+        job.cancel(msg.get("handle"))
+    except BaseException as exc:
+        log.warning(
+            "job cancel failed",
+            extra={"event": "job.cancel_failed", "task_id": msg.get("task_id"), "error": repr(exc)},
+        )
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True}
+
+
 def run_callback(cache: DagCache, msg: Message) -> Message:
     """Run an on_retry / on_dead_letter callback from the DAG folder (see call_callback)."""
     try:
@@ -529,6 +563,8 @@ def serve(conn: Connection, cache: DagCache, *, max_result_bytes: int) -> None:
             return
         if msg["kind"] == "run":
             reply = _run_logged(cache, msg, max_result_bytes=max_result_bytes)
+        elif msg["kind"] == "cancel_job":
+            reply = run_job_cancel(cache, msg)
         else:
             reply = run_callback(cache, msg)
             kill_stray_processes()  # nothing a task started outlives its attempt (containment.py)

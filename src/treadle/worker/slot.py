@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from treadle.domain.dag_version import DagVersion
+from treadle.domain.dag_version import DagVersion, TaskDef
 from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.datasets import OutletEvent, parse_outlet_events
@@ -17,6 +17,7 @@ from treadle.engine.execution import Ending, complete_attempt, fail_attempt
 from treadle.store.database import Database
 from treadle.worker.attempt_log import AttemptFiles
 from treadle.worker.child_process import ChildImports, ChildProcess
+from treadle.worker.poking import Pokes, job_ended
 from treadle.worker.protocol import (
     Message,
     receive,
@@ -82,6 +83,7 @@ class Slot(threading.Thread):
         #: Where attempts keep their logs and run files (None: no log files, temporary manifests).
         self.files = files
         self.child = ChildProcess(imports)
+        self.pokes = Pokes(self)
         self.running: Running | None = None
         self._assigned = threading.Event()
         self._stopping = threading.Event()
@@ -174,15 +176,17 @@ class Slot(threading.Thread):
         task = current.task  # its start may be confirmed meanwhile: `current.task` then has it
         version = self.version(task.dag_version_id)
         definition = version.structure.tasks[task.task_id]
-        message = run_message(task, version)
-        if self.files is not None:
-            message |= self.files.message_fields(task)
+        message = self._message(task, version, definition)
         deadline = time.monotonic() + task.timeout_s if task.timeout_s else None
         outcome = self._exchange(message, deadline, current)
         if outcome is None:  # revoked before it finished: report nothing for it
             if current.fenced_after_s is not None and self.on_fenced is not None:
                 self.on_fenced(task, current.fenced_after_s)
             return
+        if definition.sensor is not None:
+            outcome = self.pokes.take(current, definition, message, outcome)
+            if outcome is None:  # rescheduled or timed out: recorded
+                return
         if outcome.get("ok"):
             try:
                 annotations = parse_outlet_events(outcome.get("outlet_events"))
@@ -202,12 +206,28 @@ class Slot(threading.Thread):
         ending = self._record(
             task,
             lambda: fail_attempt(
-                self.db, task, outcome=kind, error=error, worker_id=self.worker_id, hostname=self.hostname
+                self.db,
+                task,
+                outcome=kind,
+                error=error,
+                worker_id=self.worker_id,
+                hostname=self.hostname,
+                forget_poll_state=job_ended(definition, error),
             ),
         )
         if ending is None:
             return
         self._callback(ending, definition.has_on_retry, definition.has_on_dead_letter, message, error)
+
+    def _message(self, task: ClaimedTask, version: DagVersion, definition: TaskDef) -> Message:
+        """The request to run an attempt: its arguments, its files (log, manifest, outputs) and,
+        for a poke, what the last poke left."""
+        message = run_message(task, version)
+        if self.files is not None:
+            message |= self.files.message_fields(task)
+        if definition.sensor is not None:
+            message = self.pokes.message(task, message)
+        return message
 
     def _await_confirmation(self, current: Running) -> bool:
         """Wait until the database recorded the attempt's start; False if it was revoked."""

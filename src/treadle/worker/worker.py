@@ -41,6 +41,7 @@ from treadle.worker.attempt_log import AttemptFiles
 from treadle.worker.child_process import ChildImports, prestart
 from treadle.worker.dag_processor import ParsedFolder, parse_folder
 from treadle.worker.fencing import FencedAttempts, LeaseClock
+from treadle.worker.job_cancels import CANCEL_LIMIT_S, JobCanceller
 from treadle.worker.run_files import RUN_FILES_SWEEP_S, remove_files_of_pruned_runs
 from treadle.worker.slot import Running, Slot
 
@@ -129,6 +130,7 @@ class Worker:
         self._signature: tuple[tuple[str, int, int], ...] = ()
         #: DAG files that did not import within the limit: task processes do not import them.
         self.slow_files: frozenset[str] = frozenset()
+        self.job_canceller: JobCanceller | None = None
 
     def version(self, version_id: int) -> DagVersion:
         """Return a DAG version (cached)."""
@@ -173,13 +175,30 @@ class Worker:
             )
             self.slots.append(slot)
             slot.start()
+        # Owed cancels of submitted jobs (cancelled submit-then-poll tasks), in a process of their own.
+        self.job_canceller = JobCanceller(
+            db=self.db,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            imports=ChildImports(
+                folder=self.settings.dags_folder,
+                max_result_bytes=self.settings.max_result_bytes,
+                file_limit_s=self.settings.dag_import_timeout_s,
+                skip=lambda: self.slow_files,
+            ),
+            version=self.version,
+            poll_s=max(self.poll_s, 1.0),
+            lease_s=self.settings.lease_s,
+            stop=self.stopping,
+        )
+        self.job_canceller.start()
         threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
         threading.Thread(target=self._watchdog_loop, name="treadle-watchdog", daemon=True).start()
         threading.Thread(target=self._refresh_loop, name="treadle-dag-refresh", daemon=True).start()
         if self.settings.retention_days > 0:
             threading.Thread(target=self._run_files_loop, name="treadle-run-files", daemon=True).start()
         if self.db.supports_wakeups:
-            handlers = {READY_CHANNEL: self.wake.set, CANCEL_CHANNEL: self.beat_now.set}
+            handlers = {READY_CHANNEL: self.wake.set, CANCEL_CHANNEL: self._cancel_heard}
             threading.Thread(
                 target=listen,
                 name="treadle-listen",
@@ -195,6 +214,13 @@ class Worker:
                 "queues": self.queues,
             },
         )
+
+    def _cancel_heard(self) -> None:
+        """A cancellation committed: renew leases now (killing cancelled attempts), and look for
+        owed job cancels."""
+        self.beat_now.set()
+        if self.job_canceller is not None:
+            self.job_canceller.wake.set()
 
     def refresh_dags(self) -> bool:
         """Re-register the DAG folder if any file changed; returns True if it synced."""
@@ -450,6 +476,9 @@ class Worker:
             self.prefetched.clear()
         for slot in self.slots:
             slot.join(timeout=10)  # each kills its child before it ends
+        if self.job_canceller is not None:
+            self.job_canceller.wake.set()
+            self.job_canceller.join(timeout=CANCEL_LIMIT_S + 5)
         self._flush(deadline=time.monotonic() + (0 if hard.is_set() else FLUSH_ON_STOP_S))
         handed = 0
         try:

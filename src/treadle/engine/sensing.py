@@ -1,0 +1,329 @@
+"""Sensors and submit-then-poll tasks: start a poke, reschedule it, time it out, owe job cancels.
+
+Each poke is a short attempt. One that finds the condition unmet (or the submitted job still
+running) ends `rescheduled`: the instance waits in `up_for_reschedule` until `next_attempt_at`,
+holding no slot, and the promotion pass of the reaper queues it again like a due retry. Pokes
+spend no retry (the budget's base moves on with each) and are not lost attempts, so they never
+count towards poison. The timeout counts from the first poke; a poke that starts past it is the
+last: still unmet, the instance is dead-lettered `sensor_timeout` (skipped if `soft_fail`, and
+its pending downstream with it). Every write is fenced by worker id and attempt, as a failure is.
+
+Cancelling a submitted job runs user code, which the scheduler and the CLI never import: a
+cancellation records the job's handle in `job_cancellations`, and a worker serving the task's
+queue runs `cancel(handle)` (`worker/job_cancels.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from treadle.domain.dag_version import DagVersion
+from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.sensing import PokeKind, SensorSpec, is_final_poke, next_poke_at, poke_deadline
+from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
+from treadle.domain.transitions import UseCase
+from treadle.engine.dags import version_of
+from treadle.engine.execution import MAX_MESSAGE_CHARS, Ending, insert_attempt_record
+from treadle.engine.runs import close_run_if_done
+from treadle.store import attempts as attempt_store
+from treadle.store import dialects
+from treadle.store import job_cancellations as job_store
+from treadle.store import pokes as poke_store
+from treadle.store import task_instances as ti_store
+from treadle.store.database import Database, db_now
+from treadle.store.job_cancellations import JobCancellation
+
+log = logging.getLogger("treadle.engine")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PokeStart:
+    """What a poke starts from: the state the last one left and whether it is the final one."""
+
+    #: A submitted job's handle or a sensor's state (None on the first poke). Any: JSON.
+    state: Any
+    final: bool
+    first_poke_at: datetime | None
+
+
+def spec_of(version: DagVersion, task_id: str) -> SensorSpec:
+    """The sensor settings of a task (ValueError if it is an ordinary task)."""
+    spec = version.structure.tasks[task_id].sensor
+    if spec is None:
+        raise ValueError(f"task {task_id!r} is not a sensor or a submit-then-poll task")
+    return spec
+
+
+def poke_start(db: Database, task: ClaimedTask) -> PokeStart:
+    """Read what the poke of a claimed attempt starts from, on the database's clock."""
+
+    def work(conn: Connection) -> PokeStart:
+        spec = spec_of(version_of(db, conn, task.dag_version_id), task.task_id)
+        row = poke_store.poke_row(conn, task.task_instance_id)
+        first = row.first_poke_at if row is not None else None
+        return PokeStart(
+            state=row.poll_handle if row is not None else None,
+            final=is_final_poke(spec, first_poke_at=first, now=db_now(conn)),
+            first_poke_at=first,
+        )
+
+    return db.transact(work)
+
+
+def reschedule_attempt(
+    db: Database,
+    task: ClaimedTask,
+    *,
+    worker_id: str,
+    hostname: str,
+    state: Any,
+    evidence: dict[str, Any] | None = None,
+    code_version: str | None = None,
+    first_poke_at: datetime | None = None,
+) -> Ending:
+    """Record a poke that found the condition unmet (or the job running) and schedule the next.
+
+    Fenced like a failure: applied only while this worker holds the attempt. The attempt is
+    recorded `rescheduled` with the poke's evidence in its outputs; `state` (a submitted job's
+    handle, a sensor's state) is stored in the same statement as the reschedule.
+    `first_poke_at`: as `poke_start` read it (None on the first poke: this one's start).
+    """
+
+    def work(conn: Connection) -> Ending:
+        now = db_now(conn)
+        spec = spec_of(version_of(db, conn, task.dag_version_id), task.task_id)
+        first = first_poke_at or task.started_at or now
+        moved = poke_store.reschedule(
+            conn,
+            task_instance_id=task.task_instance_id,
+            attempt=task.attempt,
+            worker_id=worker_id,
+            now=now,
+            first_poke_at=first,
+            next_attempt_at=next_poke_at(spec, first_poke_at=first, now=now),
+            poll_handle=state,
+        )
+        if not moved:
+            _discard(conn, task, "reschedule")
+            return Ending(applied=False)
+        attempt_store.insert_attempt(
+            conn,
+            task_instance_id=task.task_instance_id,
+            run_id=task.run_id,
+            dag_id=task.dag_id,
+            task_id=task.task_id,
+            attempt=task.attempt,
+            outcome=AttemptOutcome.RESCHEDULED.value,
+            worker_id=worker_id or None,
+            hostname=hostname or None,
+            started_at=task.started_at,
+            ended_at=now,
+            duration_s=max((now - task.started_at).total_seconds(), 0.0) if task.started_at else None,
+            code_version=code_version,
+            outputs=evidence or None,
+        )
+        return Ending(applied=True)
+
+    return db.transact(work)
+
+
+def time_out_sensor(
+    db: Database,
+    task: ClaimedTask,
+    *,
+    worker_id: str,
+    hostname: str,
+    evidence: dict[str, Any] | None = None,
+    code_version: str | None = None,
+) -> Ending:
+    """The final poke found the condition still unmet: dead-letter `sensor_timeout`, or with
+    `soft_fail` skip the instance and its pending downstream. Fenced by worker id and attempt."""
+
+    def work(conn: Connection) -> Ending:
+        now = db_now(conn)
+        version = version_of(db, conn, task.dag_version_id)
+        spec = spec_of(version, task.task_id)
+        row = poke_store.poke_row(conn, task.task_instance_id)
+        first = row.first_poke_at if row is not None else None
+        target = TaskState.SKIPPED if spec.soft_fail else TaskState.DEAD_LETTER
+        if not ti_store.end_running(
+            conn,
+            task_instance_id=task.task_instance_id,
+            attempt=task.attempt,
+            new_state=target,
+            by=UseCase.SENSOR_TIMEOUT,
+            now=now,
+            worker_id=worker_id,
+            dead_letter_reason=None if spec.soft_fail else DeadLetterReason.SENSOR_TIMEOUT.value,
+        ):
+            _discard(conn, task, "sensor timeout")
+            return Ending(applied=False)
+        what = (
+            "the submitted job did not finish"
+            if spec.kind is PokeKind.DEFERRED
+            else "the condition did not hold"
+        )
+        deadline = poke_deadline(spec, first)
+        message = (
+            f"{what} within the sensor timeout of {spec.timeout_s} s"
+            + (
+                f" (first poke {first.isoformat()}, deadline {deadline.isoformat()})"
+                if first and deadline
+                else ""
+            )
+            + ("; skipped (soft_fail)" if spec.soft_fail else "")
+        )
+        insert_attempt_record(
+            conn,
+            task,
+            outcome=AttemptOutcome.TIMED_OUT,
+            now=now,
+            worker_id=worker_id,
+            hostname=hostname,
+            error=AttemptError(
+                error_type="SensorTimeout",
+                message=message[:MAX_MESSAGE_CHARS],
+                frame="treadle.sensor",
+                retryable=False,
+                code_version=code_version,
+                outputs=evidence or None,
+            ),
+        )
+        downstream = version.all_downstream(task.task_id)
+        if spec.soft_fail:
+            poke_store.mark_skipped(conn, run_id=task.run_id, task_ids=downstream, now=now)
+        else:
+            ti_store.mark_upstream_failed(conn, run_id=task.run_id, task_ids=downstream, now=now)
+        close_run_if_done(conn, task.run_id)
+        return Ending(applied=True)
+
+    return db.transact(work)
+
+
+def forget_job(db: Database, task: ClaimedTask) -> None:
+    """The submitted job of this instance ended (failed): its next attempt submits anew."""
+    db.transact(lambda conn: poke_store.forget_poll_state(conn, task_instance_id=task.task_instance_id))
+
+
+def owe_job_cancel(db: Database, task: ClaimedTask, *, handle: Any, queue: str, reason: str) -> None:
+    """Record that a job submitted by an attempt this worker could not record must be cancelled
+    (the attempt was cancelled or lost while it submitted)."""
+
+    def work(conn: Connection) -> None:
+        job_store.request(
+            conn,
+            task_instance_id=task.task_instance_id,
+            run_id=task.run_id,
+            dag_id=task.dag_id,
+            task_id=task.task_id,
+            dag_version_id=task.dag_version_id,
+            queue=queue,
+            handle=handle,
+            reason=reason,
+            now=db_now(conn),
+        )
+        dialects.notify_cancel(conn)
+
+    db.transact(work)
+
+
+def owe_job_cancels(
+    db: Database,
+    conn: Connection,
+    *,
+    run_id: str,
+    dag_version_id: int,
+    ids: list[int],
+    reason: str,
+    now: datetime,
+) -> int:
+    """In a cancel's transaction: owe a job cancel for each of `ids` that holds a submitted job's
+    handle (submit-then-poll tasks only; a sensor's state is no job). Returns how many."""
+    version = version_of(db, conn, dag_version_id)
+    owed = 0
+    for row in job_store.handles_of(conn, ids):
+        spec = version.structure.tasks[row["task_id"]].sensor
+        if spec is None or spec.kind is not PokeKind.DEFERRED:
+            continue
+        job_store.request(
+            conn,
+            task_instance_id=row["id"],
+            run_id=run_id,
+            dag_id=row["dag_id"],
+            task_id=row["task_id"],
+            dag_version_id=dag_version_id,
+            queue=row["queue"],
+            handle=row["poll_handle"],
+            reason=reason,
+            now=now,
+        )
+        owed += 1
+    return owed
+
+
+#: Tries of a job cancel before it is given up (recorded with its error).
+MAX_CANCEL_TRIES = 10
+
+
+def claim_job_cancels(
+    db: Database, *, worker_id: str, queues: list[str], lease_s: float, limit: int = 4
+) -> list[JobCancellation]:
+    """Take owed job cancels of these queues for this worker (each for `lease_s` seconds)."""
+    return db.transact(
+        lambda conn: job_store.claim(
+            conn, worker_id=worker_id, queues=queues, now=db_now(conn), lease_s=lease_s, limit=limit
+        )
+    )
+
+
+def finish_job_cancel(db: Database, job: JobCancellation, *, worker_id: str, error: str | None) -> bool:
+    """Record how a job cancel went: done, or (failed, tries left) due again after a backoff."""
+
+    def work(conn: Connection) -> bool:
+        now = db_now(conn)
+        if error is not None and job.tries < MAX_CANCEL_TRIES:
+            return job_store.retry_later(
+                conn,
+                cancellation_id=job.id,
+                worker_id=worker_id,
+                now=now,
+                delay_s=min(2.0**job.tries, 300.0),
+                error=error[:MAX_MESSAGE_CHARS],
+            )
+        return job_store.finish(
+            conn,
+            cancellation_id=job.id,
+            worker_id=worker_id,
+            now=now,
+            error=None if error is None else error[:MAX_MESSAGE_CHARS],
+        )
+
+    return db.transact(work)
+
+
+def _discard(conn: Connection, task: ClaimedTask, what: str) -> None:
+    attempt_store.mark_late_result(
+        conn, task_instance_id=task.task_instance_id, attempt=task.attempt, note=f"late {what} discarded"
+    )
+    log.warning(
+        "late report discarded",
+        extra={
+            "event": "task_instance.late_report_discarded",
+            "task_instance_id": task.task_instance_id,
+            "attempt": task.attempt,
+            "report": what,
+        },
+    )
+
+
+def dataset_event_for_interval(
+    db: Database, dataset: str, *, start: datetime, end: datetime
+) -> dict[str, Any] | None:
+    """The newest event on `dataset` from a run whose data interval covers [start, end) (the
+    dataset sensor's question); None if there is none yet."""
+    return db.query(lambda conn: poke_store.dataset_event_covering(conn, dataset, start=start, end=end))
