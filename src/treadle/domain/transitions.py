@@ -36,7 +36,6 @@ class UseCase(StrEnum):
     RESOLVE = "resolve"
     RESCHEDULE = "reschedule"
     SENSOR_TIMEOUT = "sensor_timeout"
-    PROPAGATE_SKIP = "propagate_skip"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +102,6 @@ TASK_TRANSITIONS: tuple[Transition, ...] = (
         UseCase.SENSOR_TIMEOUT,
         "a sensor's timeout passed (skipped when it is soft_fail)",
     ),
-    *_edges((_T.PENDING,), (_T.SKIPPED,), UseCase.PROPAGATE_SKIP, "an upstream soft_fail sensor timed out"),
     *_edges(
         (_T.PENDING,),
         (_T.UPSTREAM_FAILED,),

@@ -27,6 +27,8 @@ from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.sensing import PokeKind, SensorSpec, is_final_poke, next_poke_at, poke_deadline
 from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
 from treadle.domain.transitions import UseCase
+from treadle.domain.trigger_rules import End
+from treadle.engine import propagation
 from treadle.engine.dags import version_of
 from treadle.engine.execution import MAX_MESSAGE_CHARS, Ending, insert_attempt_record
 from treadle.engine.runs import close_run_if_done
@@ -194,11 +196,16 @@ def time_out_sensor(
                 outputs=evidence or None,
             ),
         )
-        downstream = version.all_downstream(task.task_id)
+        # The end travels on through the trigger rules of what follows, as any task's end does.
         if spec.soft_fail:
-            poke_store.mark_skipped(conn, run_id=task.run_id, task_ids=downstream, now=now)
+            arrivals = [
+                propagation.Arrival(version.id, task.run_id, d, End.SKIPPED)
+                for d in version.downstream[task.task_id]
+            ]
+            if propagation.deliver(db, conn, arrivals, now=now).queues:
+                dialects.notify_ready(conn)
         else:
-            ti_store.mark_upstream_failed(conn, run_id=task.run_id, task_ids=downstream, now=now)
+            propagation.after_dead_letter(db, conn, task, now=now)
         close_run_if_done(conn, task.run_id)
         return Ending(applied=True)
 

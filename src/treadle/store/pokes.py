@@ -103,22 +103,6 @@ def count_pokes(conn: Connection, *, task_instance_id: int) -> int:
     )
 
 
-def mark_skipped(conn: Connection, *, run_id: str, task_ids: list[str], now: datetime) -> int:
-    """Move pending task instances of a run to skipped (downstream of a soft-failed sensor)."""
-    if not task_ids:
-        return 0
-    result = conn.execute(
-        sa.update(ti)
-        .where(
-            ti.c.run_id == run_id,
-            ti.c.task_id.in_(task_ids),
-            ti.c.state.in_(task_sources(UseCase.PROPAGATE_SKIP, TaskState.SKIPPED)),
-        )
-        .values(state=TaskState.SKIPPED.value, ended_at=now)
-    )
-    return int(result.rowcount)
-
-
 def dataset_event_covering(
     conn: Connection, dataset: str, *, start: datetime, end: datetime
 ) -> dict[str, Any] | None:
