@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +21,31 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from treadle.bench.figures import dist_ms, percentile, summary_ms
+
+__all__ = [
+    "PG_ADMIN_URL",
+    "CpuMeter",
+    "Processes",
+    "check_alive",
+    "cli",
+    "count_in_logs",
+    "cpu_seconds",
+    "dist_ms",
+    "emit",
+    "log_mentions",
+    "machine",
+    "percentile",
+    "pg_backend_pids",
+    "pg_database",
+    "pg_url",
+    "print_log_tails",
+    "stop_groups",
+    "summary_ms",
+    "treadle_env",
+    "wait_for",
+]
 
 PG_ADMIN_URL = os.environ.get("TREADLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -152,25 +176,6 @@ def check_alive(procs: Processes, logs: list[Path]) -> None:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
             raise RuntimeError(f"a treadle process exited with {proc.returncode}:\n{tail}")
-
-
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile (pct in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(round(pct / 100 * len(ordered) + 0.5) - 1, 0)
-    return ordered[min(rank, len(ordered) - 1)]
-
-
-def summary_ms(values_s: list[float]) -> dict[str, float]:
-    """Median, p95, min and max of durations in seconds, as milliseconds."""
-    if not values_s:
-        return {}
-    return {
-        "median_ms": round(statistics.median(values_s) * 1000, 2),
-        "p95_ms": round(percentile(values_s, 95) * 1000, 2),
-        "min_ms": round(min(values_s) * 1000, 2),
-        "max_ms": round(max(values_s) * 1000, 2),
-    }
 
 
 def machine() -> dict[str, Any]:
