@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from datetime import datetime
 
@@ -10,12 +11,13 @@ MIN_SPAN_S = 0.001
 
 
 def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile (pct in 0..100) of a non-empty list."""
+    """Nearest-rank percentile (pct in 0..100) of a non-empty list: the smallest value with at
+    least pct % of the values at or below it."""
     if not values:
         raise ValueError("percentile of no values")
     ordered = sorted(values)
-    rank = max(round(pct / 100 * len(ordered) + 0.5) - 1, 0)
-    return ordered[min(rank, len(ordered) - 1)]
+    rank = max(math.ceil(pct * len(ordered) / 100), 1)
+    return ordered[min(rank, len(ordered)) - 1]
 
 
 def dist_ms(values_s: list[float]) -> dict[str, float | int]:
