@@ -65,7 +65,7 @@ def footprint(pid: int) -> Footprint:
 
 
 def children_by_parent() -> dict[int, list[int]]:
-    """Every live process id, grouped by its parent's id (Linux /proc)."""
+    """Every live process id, grouped by its parent's id (a scan of /proc)."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -79,16 +79,40 @@ def children_by_parent() -> dict[int, list[int]]:
     return parents
 
 
+def children(pid: int) -> list[int] | None:
+    """The children of a process from its threads' `children` files (cheap), or None where the
+    kernel has no such file."""
+    found: list[int] = []
+    try:
+        threads = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    for thread in threads:
+        try:
+            found.extend(int(c) for c in (thread / "children").read_text().split())
+        except FileNotFoundError:
+            if not (thread / "stat").exists():
+                continue  # the thread ended meanwhile
+            return None
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def descendants(roots: list[int], parents: dict[int, list[int]] | None = None) -> list[int]:
     """The live processes among `roots` and all their descendants."""
-    parents = children_by_parent() if parents is None else parents
     found: list[int] = []
     todo = list(roots)
     while todo:
         pid = todo.pop()
-        if pid not in found and Path(f"/proc/{pid}").exists():
-            found.append(pid)
-            todo.extend(parents.get(pid, []))
+        if pid in found or not Path(f"/proc/{pid}").exists():
+            continue
+        found.append(pid)
+        below = children(pid) if parents is None else parents.get(pid, [])
+        if below is None:  # no children files: fall back to one scan of /proc
+            parents = children_by_parent()
+            below = parents.get(pid, [])
+        todo.extend(below)
     return found
 
 
@@ -129,9 +153,13 @@ class Peak:
 
 
 class MemorySampler(threading.Thread):
-    """Samples the memory of named process trees (a root pid and its descendants) until stopped."""
+    """Samples the memory of named process trees (a root pid and its descendants) until stopped.
 
-    def __init__(self, roots: dict[str, int], every_s: float = 0.25) -> None:
+    A sample reads one smaps_rollup per process, which costs the kernel a walk of its page
+    tables: a few ms of CPU each, so once a second keeps the sampler's share of a core small.
+    """
+
+    def __init__(self, roots: dict[str, int], every_s: float = 1.0) -> None:
         super().__init__(name="treadle-bench-memory", daemon=True)
         self.roots, self.every_s = roots, every_s
         self.peak = Peak()
@@ -139,11 +167,10 @@ class MemorySampler(threading.Thread):
 
     def sample(self) -> dict[str, Footprint]:
         """One reading: the footprint of each tree."""
-        parents = children_by_parent()
         by_tree: dict[str, Footprint] = {}
         for name, root in self.roots.items():
             part = Footprint()
-            for pid in descendants([root], parents):
+            for pid in descendants([root]):
                 part.add(footprint(pid))
             by_tree[name] = part
         return by_tree
