@@ -39,7 +39,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from treadle.bench.db import Rows
-from treadle.bench.harness import cli, count_in_logs, dist_ms, wait_for
+from treadle.bench.harness import cli, count_in_logs, dist_ms, migrate, wait_for
 from treadle.bench.probe import probe_events
 from treadle.bench.scheduling import QUIET, Cluster, fired_log, write_scheduled_dags
 from treadle.scheduler.loop import FIRE_BATCH
@@ -91,7 +91,7 @@ def measure_burst(root: Path, url: str, options: BurstOptions) -> dict[str, Any]
     )
     probe = root / "probe.jsonl"
     try:
-        cli(["db", "upgrade"], cluster.env)
+        migrate(cluster.url)
         cluster.start_scheduler("scheduler", probe=probe if options.probe or options.profile else None)
         cluster.wait_log("scheduler", '"scheduler.leader_acquired"', "the scheduler to lead", timeout=60)
         options.progress(f"burst: registering {options.dags} scheduled DAGs")

@@ -36,6 +36,7 @@ __all__ = [
     "emit",
     "log_mentions",
     "machine",
+    "migrate",
     "percentile",
     "pg_backend_pids",
     "pg_database",
@@ -102,6 +103,19 @@ def cli(args: list[str], env: dict[str, str], *, timeout: float = 60) -> subproc
     if done.returncode != 0:
         raise RuntimeError(f"treadle {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
     return done
+
+
+def migrate(url: str) -> None:
+    """Bring a fresh database to the current schema, in this process (a `treadle db upgrade`
+    without the cost of starting one more interpreter)."""
+    from treadle.store.database import Database
+    from treadle.store.migrate import upgrade
+
+    db = Database(url, application_name="treadle-bench", pool_size=1)
+    try:
+        upgrade(db)
+    finally:
+        db.dispose()
 
 
 class Processes:

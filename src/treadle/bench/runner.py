@@ -193,7 +193,9 @@ def _scheduler_workload(short: str, options: BenchOptions) -> dict[str, Any]:
         "failover": lambda root, url: measure_failover(
             root,
             url,
-            FailoverOptions(repeats=options.failovers, slots=options.slots, progress=options.progress),
+            FailoverOptions(
+                repeats=options.failovers, warmup_s=2.0, slots=options.slots, progress=options.progress
+            ),
         ),
         "burst": lambda root, url: measure_burst(
             root,

@@ -35,7 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from treadle.bench.db import Rows
-from treadle.bench.harness import CpuMeter, cli, count_in_logs, cpu_seconds, dist_ms, wait_for
+from treadle.bench.harness import CpuMeter, cli, count_in_logs, cpu_seconds, dist_ms, migrate, wait_for
 from treadle.bench.probe import probe_summary
 from treadle.bench.scheduling import (
     QUIET,
@@ -87,7 +87,7 @@ def measure_schedules(root: Path, url: str, options: SchedulesOptions) -> dict[s
     )
     probe = root / "probe.jsonl"
     try:
-        cli(["db", "upgrade"], cluster.env)
+        migrate(cluster.url)
         synced = time.monotonic()
         cli(["dags", "sync"], cluster.env, timeout=max(options.timeout_s, 60))
         sync_s = time.monotonic() - synced

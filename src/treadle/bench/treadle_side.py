@@ -30,6 +30,7 @@ from treadle.bench.harness import (
     cli,
     cpu_seconds,
     log_mentions,
+    migrate,
     treadle_env,
     wait_for,
 )
@@ -72,7 +73,7 @@ class TreadleSide:
     def start(self) -> None:
         """Migrate, register the DAGs, start the processes and wait until the workers claim."""
         startup_s = 120 + self.tasks / 500  # a large DAG takes a while to import and register
-        cli(["db", "upgrade"], self.env)
+        migrate(self.url)
         cli(["dags", "sync"], self.env, timeout=startup_s)
         slots = str(self.options.slots)
         if self.sqlite_path is not None:
