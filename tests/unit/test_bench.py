@@ -13,7 +13,7 @@ from treadle.bench.burst import BurstOptions, fired_batches
 from treadle.bench.figures import dist_ms, percentile, rates_by_share, ratio, second_half_over_first
 from treadle.bench.memory import Footprint, Peak, parse_smaps_rollup
 from treadle.bench.options import BenchOptions
-from treadle.bench.report import duration, sections
+from treadle.bench.report import duration, durations, sections
 from treadle.bench.runner import _database, selected
 from treadle.bench.scheduling import holder_pid, log_events, seconds_from, slot_audit, whole_second_after
 
@@ -323,17 +323,13 @@ def test_scheduler_tables() -> None:
         "schedule burst (all due at once)",
     ]
     assert found[0].rows == [("schedules-100", "6,000", "5 / 31 / 88 ms", "-", "0 / 0")]
-    assert found[1].rows == [("failover", "3", "2.61 s / 3.20 s", "3.10 s", "0 / 1")]
-    assert found[2].rows == [
-        ("burst-10000", "10,000 of 10,000", "1.83 s", "420 ms / 1.20 s / 1.30 s", "41.00 s")
-    ]
+    assert found[1].rows == [("failover", "3", "2.61 / 3.20 s", "3.10 s", "0 / 1")]
+    assert found[2].rows == [("burst-10000", "10,000 of 10,000", "1.83 s", "0.42 / 1.20 / 1.30 s", "41.00 s")]
 
 
 def test_durations_switch_from_milliseconds_to_seconds_at_one_second() -> None:
-    assert [duration(v) for v in (0.046, 0.9994, 1.0, 12.345, None)] == [
-        "46 ms",
-        "999 ms",
-        "1.00 s",
-        "12.35 s",
-        "-",
-    ]
+    singles = [duration(v) for v in (0.046, 0.9994, 1.0, 12.345, None)]
+    assert singles == ["46 ms", "999 ms", "1.00 s", "12.35 s", "-"]
+    assert durations([0.005, 0.031, 0.088]) == "5 / 31 / 88 ms"
+    assert durations([0.42, 1.2, 1.3]) == "0.42 / 1.20 / 1.30 s"
+    assert durations([0.4, None]) == "-"

@@ -41,6 +41,17 @@ def duration(value: float | None) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def durations(values: list[float | None]) -> str:
+    """Several seconds in one unit: `5 / 31 / 88 ms` when all are below a second, else
+    `0.42 / 1.20 / 1.30 s`; `-` when one is missing."""
+    if any(v is None for v in values):
+        return MISSING
+    known = [v for v in values if v is not None]
+    if all(v < 1 for v in known):
+        return " / ".join(f"{v * 1000:.0f}" for v in known) + " ms"
+    return " / ".join(f"{v:.2f}" for v in known) + " s"
+
+
 def number(value: float | None, digits: int = 0) -> str:
     """A number with thousands separators, or `-`."""
     return MISSING if value is None else f"{value:,.{digits}f}"
@@ -160,11 +171,11 @@ def _ratio(value: float | None) -> str:
     return MISSING if value is None else f"{value:.2f}"
 
 
-def _dist(figures: dict[str, Any], keys: tuple[str, ...] = ("p50_ms", "p99_ms", "max_ms")) -> str:
-    """`5 / 11 / 12 ms` (p50 / p99 / max), or `-` without values."""
+def _dist(figures: dict[str, Any]) -> str:
+    """p50 / p99 / max of a distribution in ms, or `-` without values."""
     if not figures.get("count"):
         return MISSING
-    return " / ".join(f"{figures[k]:.0f}" for k in keys) + " ms"
+    return durations([figures[k] / 1000 for k in ("p50_ms", "p99_ms", "max_ms")])
 
 
 def _schedules(result: dict[str, Any]) -> Section:
@@ -204,7 +215,7 @@ def _failover(result: dict[str, Any]) -> Section:
             (
                 name,
                 number(len(t["rounds"])),
-                f"{duration(takeover['p50'])} / {duration(takeover['max'])}",
+                durations([takeover["p50"], takeover["max"]]),
                 duration(takeover["lease_taken_max"]),
                 f"{slots['missed']} / {slots['duplicated']}",
             )
@@ -225,7 +236,7 @@ def _burst(result: dict[str, Any]) -> Section:
                 name,
                 f"{number(t['runs_created'])} of {number(t['settings']['dags'])}",
                 duration(t["all_have_a_run_after_s"]),
-                " / ".join(duration(delay.get(k)) for k in ("p50_s", "p99_s", "max_s")),
+                durations([delay.get(k) for k in ("p50_s", "p99_s", "max_s")]),
                 duration(t["sync"]["dags_sync_wall_s"]),
             )
         )
