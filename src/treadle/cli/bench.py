@@ -123,7 +123,7 @@ def bench(
     By default: chain-100, fan-out 1 -> 500 -> 1 and 2,000 independent tasks (trigger to seen
     success, repeated), and one 10,000-task run (time, tasks/s, scheduler CPU, peak memory),
     each with its ready-to-started latency. --only schedules, failover or burst measure the
-    scheduler; --huge adds a 100,000-task run; --all runs every workload.
+    scheduler; --huge adds a 100,000-task run; --all runs every workload but that one.
     """
     from treadle.bench.options import BenchOptions
     from treadle.bench.report import sections
