@@ -15,7 +15,9 @@ import pytest
 pytestmark = [pytest.mark.e2e]
 
 
-def bench(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[dict[str, Any], str]:
+def bench(
+    tmp_path: Path, *args: str, timeout: float = 240, expect_ok: bool = True
+) -> tuple[dict[str, Any], str]:
     """Run `treadle bench ARGS --json FILE`; returns the figures and the printed tables.
 
     On a timeout the bench gets SIGTERM, which it handles like Ctrl-C: it stops every process
@@ -38,8 +40,8 @@ def bench(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[dict[str, A
             proc.kill()
             stdout, stderr = proc.communicate()
         pytest.fail(f"treadle bench {' '.join(args)} took over {timeout} s:\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-3000:]
-    return json.loads(out.read_text()), stdout
+    assert (proc.returncode == 0) == expect_ok, stderr[-3000:]
+    return json.loads(out.read_text()), stdout + stderr
 
 
 def ordered(figures: dict[str, Any]) -> bool:
@@ -130,3 +132,12 @@ def test_an_unknown_workload_is_refused_with_the_choices() -> None:
     )
     assert done.returncode != 0
     assert "unknown workload everything: choose from chain" in done.stderr
+
+
+def test_a_workload_that_fails_is_reported_with_the_figures_of_the_others(tmp_path: Path) -> None:
+    unreachable = "postgresql://postgres@127.0.0.1:1/test"
+    figures, output = bench(tmp_path, "--database", unreachable, "--only", "chain", expect_ok=False)
+    assert figures["workloads"] == {}
+    assert figures["errors"]["chain-100"].startswith("OperationalError: ")
+    assert '"127.0.0.1", port 1 failed' in figures["errors"]["chain-100"]
+    assert "1 workload(s) failed: chain-100: " in output

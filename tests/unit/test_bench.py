@@ -14,7 +14,7 @@ from treadle.bench.figures import dist_ms, percentile, rates_by_share, ratio, se
 from treadle.bench.memory import Footprint, Peak, parse_smaps_rollup
 from treadle.bench.options import BenchOptions
 from treadle.bench.report import duration, durations, sections
-from treadle.bench.runner import _database, selected
+from treadle.bench.runner import _database, check_database, describe, selected
 from treadle.bench.scheduling import holder_pid, log_events, seconds_from, slot_audit, whole_second_after
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -80,6 +80,16 @@ def test_only_postgresql_or_sqlite_is_measured(tmp_path: Path) -> None:
         assert _database(stack, BenchOptions(), tmp_path) == f"sqlite:///{tmp_path / 'bench.db'}"
         with pytest.raises(ValueError, match="PostgreSQL or SQLite, not mysql"):
             _database(stack, BenchOptions(database="mysql://root@127.0.0.1/test"), tmp_path)
+    check_database("postgresql+psycopg://me@dbhost/postgres")
+    with pytest.raises(ValueError, match="not mariadb"):
+        check_database("mariadb://root@127.0.0.1/test")
+
+
+def test_a_failed_workload_is_described_in_one_line() -> None:
+    assert describe(TimeoutError("no run under a new leader 30 s after killing epoch 3")) == (
+        "TimeoutError: no run under a new leader 30 s after killing epoch 3"
+    )
+    assert len(describe(RuntimeError("x" * 5000))) == 2000
 
 
 # -- figures ---------------------------------------------------------------------------------------

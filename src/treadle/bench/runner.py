@@ -93,18 +93,33 @@ def selected(options: BenchOptions) -> list[Choice]:
 
 
 def run_bench(options: BenchOptions) -> dict[str, Any]:
-    """Measure the selected workloads; returns the figures (one entry per workload)."""
+    """Measure the selected workloads; returns the figures (one entry per workload).
+
+    A workload that fails (a process died, a wait timed out) is recorded under `errors` and the
+    others are still measured, so one failure does not cost the figures of the rest.
+    """
     chosen = selected(options)
+    check_database(options.database)
     load_start = os.getloadavg()
     runs = [c.workload for c in chosen if c.workload is not None]
     figures: dict[str, Any] = {}
+    errors: dict[str, str] = {}
     celery_version = None
     if runs:
-        figures, celery_version = _run_workloads(runs, options)
+        try:
+            figures, celery_version = _run_workloads(runs, options)
+        except Exception as exc:
+            errors |= {w.name: describe(exc) for w in runs}
+            options.progress(f"the run workloads failed: {describe(exc)}")
     for choice in chosen:
         if choice.workload is None:
             options.progress(f"{choice.name}: starting")
-            measured = _scheduler_workload(choice.short, options)
+            try:
+                measured = _scheduler_workload(choice.short, options)
+            except Exception as exc:
+                errors[choice.name] = describe(exc)
+                options.progress(f"{choice.name} failed: {describe(exc)}")
+                continue
             figures[choice.name] = {"description": choice.description, "treadle": measured}
     return {
         "benchmark": "treadle bench",
@@ -118,7 +133,22 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         "machine": machine()
         | {"load_average_start": list(load_start), "load_average_end": list(os.getloadavg())},
         "workloads": figures,
+        "errors": errors,
     }
+
+
+def describe(exc: BaseException) -> str:
+    """An error as one line for the report: its class and message (first 2,000 characters)."""
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def check_database(database: str) -> None:
+    """ValueError unless `database` is "sqlite" or a PostgreSQL URL."""
+    if database == "sqlite":
+        return
+    scheme = parse_database_url(database).scheme
+    if not scheme.startswith("postgresql"):
+        raise ValueError(f"treadle bench measures PostgreSQL or SQLite, not {scheme}")
 
 
 def _run_workloads(chosen: list[Workload], options: BenchOptions) -> tuple[dict[str, Any], str | None]:
@@ -215,11 +245,9 @@ def _scheduler_workload(short: str, options: BenchOptions) -> dict[str, Any]:
 
 
 def _database(stack: ExitStack, options: BenchOptions, root: Path) -> str:
+    check_database(options.database)
     if options.database == "sqlite":
         return f"sqlite:///{root / 'bench.db'}"
-    scheme = parse_database_url(options.database).scheme
-    if not scheme.startswith("postgresql"):
-        raise ValueError(f"treadle bench measures PostgreSQL or SQLite, not {scheme}")
     return stack.enter_context(pg_database("treadle_bench", options.database))
 
 

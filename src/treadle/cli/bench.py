@@ -163,6 +163,9 @@ def bench(
     out = Console()
     for section in sections(result):
         out.print(_table(section.title, section.columns, section.rows))
+    if result["errors"]:
+        failed = "; ".join(f"{name}: {error}" for name, error in result["errors"].items())
+        raise click.ClickException(f"{len(result['errors'])} workload(s) failed: {failed}")
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
