@@ -41,7 +41,7 @@ import sqlalchemy as sa
 from treadle.bench.db import Rows
 from treadle.bench.harness import cli, count_in_logs, dist_ms, migrate, wait_for
 from treadle.bench.probe import probe_events
-from treadle.bench.scheduling import QUIET, Cluster, fired_log, write_scheduled_dags
+from treadle.bench.scheduling import QUIET, STARTUP_S, Cluster, fired_log, write_scheduled_dags
 from treadle.scheduler.loop import FIRE_BATCH
 from treadle.store.tables import dag_runs, schedules, task_instances
 
@@ -93,7 +93,9 @@ def measure_burst(root: Path, url: str, options: BurstOptions) -> dict[str, Any]
     try:
         migrate(cluster.url)
         cluster.start_scheduler("scheduler", probe=probe if options.probe or options.profile else None)
-        cluster.wait_log("scheduler", '"scheduler.leader_acquired"', "the scheduler to lead", timeout=60)
+        cluster.wait_log(
+            "scheduler", '"scheduler.leader_acquired"', "the scheduler to lead", timeout=STARTUP_S
+        )
         options.progress(f"burst: registering {options.dags} scheduled DAGs")
         reg = register(cluster, options)
         slot = reg["slot"]

@@ -40,6 +40,7 @@ from treadle.bench.db import Rows
 from treadle.bench.harness import count_in_logs, migrate, wait_for
 from treadle.bench.scheduling import (
     QUIET,
+    STARTUP_S,
     Cluster,
     holder_pid,
     seconds_from,
@@ -127,9 +128,11 @@ def measure_failover(root: Path, url: str, options: FailoverOptions) -> dict[str
             alive()
             return bdb.scalar(sa.select(dag_runs.c.run_id).limit(1)) is not None
 
-        wait_for("a first scheduled run", fired, timeout=max(options.timeout_s, 60))
+        wait_for("a first scheduled run", fired, timeout=STARTUP_S)
         for proc in scheds.current:
-            wait_for("every scheduler's database session", partial(bdb.has_session, proc.pid), timeout=60)
+            wait_for(
+                "every scheduler's database session", partial(bdb.has_session, proc.pid), timeout=STARTUP_S
+            )
         time.sleep(options.warmup_s)
         rounds = []
         for n in range(options.repeats):

@@ -39,6 +39,7 @@ from treadle.bench.harness import CpuMeter, cli, count_in_logs, cpu_seconds, dis
 from treadle.bench.probe import probe_summary
 from treadle.bench.scheduling import (
     QUIET,
+    STARTUP_S,
     Cluster,
     fired_log,
     log_events,
@@ -89,7 +90,7 @@ def measure_schedules(root: Path, url: str, options: SchedulesOptions) -> dict[s
     try:
         migrate(cluster.url)
         synced = time.monotonic()
-        cli(["dags", "sync"], cluster.env, timeout=max(options.timeout_s, 60))
+        cli(["dags", "sync"], cluster.env, timeout=STARTUP_S + 0.1 * options.dags)
         sync_s = time.monotonic() - synced
         set_paused_many(url, ids, paused=True)  # before any scheduler runs: nothing fires yet
         scheduler, workers = _start(cluster, options, probe)
@@ -115,9 +116,9 @@ def _start(cluster: Cluster, options: SchedulesOptions, probe: Path) -> tuple[in
     slots = str(options.slots)
     if cluster.is_sqlite:
         pid = cluster.start("standalone", ["standalone", "--concurrency", slots]).pid
-        cluster.wait_log("standalone", '"worker.started"', "treadle standalone", timeout=options.timeout_s)
+        cluster.wait_log("standalone", '"worker.started"', "treadle standalone", timeout=STARTUP_S)
         cluster.wait_log(
-            "standalone", '"scheduler.leader_acquired"', "the scheduler to lead", timeout=options.timeout_s
+            "standalone", '"scheduler.leader_acquired"', "the scheduler to lead", timeout=STARTUP_S
         )
         return pid, []
     workers = [
@@ -125,10 +126,8 @@ def _start(cluster: Cluster, options: SchedulesOptions, probe: Path) -> tuple[in
     ]
     scheduler = cluster.start_scheduler("scheduler", probe=probe if options.probe else None).pid
     for i in range(options.workers):
-        cluster.wait_log(f"worker{i}", '"worker.started"', "the workers", timeout=options.timeout_s)
-    cluster.wait_log(
-        "scheduler", '"scheduler.leader_acquired"', "the scheduler to lead", timeout=options.timeout_s
-    )
+        cluster.wait_log(f"worker{i}", '"worker.started"', "the workers", timeout=STARTUP_S)
+    cluster.wait_log("scheduler", '"scheduler.leader_acquired"', "the scheduler to lead", timeout=STARTUP_S)
     return scheduler, workers
 
 

@@ -22,6 +22,9 @@ def _quiet(_: str) -> None:
 
 #: A progress callback that says nothing.
 QUIET: Callable[[str], None] = _quiet
+#: Longest wait for a process to start (a worker registers its DAG folder first); generous,
+#: because a shared 2-core machine at load 8 starts a Python process in seconds, not tenths.
+STARTUP_S = 120.0
 
 
 def write_scheduled_dags(
