@@ -296,6 +296,11 @@ def test_latency_and_large_run_tables() -> None:
         "190.2 MB",
         "150.0 MB",
     )
+    unfinished = {"tasks": 100_000, "treadle": {**huge["treadle"], "finished": False, "tasks_done": 41_234}}
+    time_table = [
+        s for s in sections(result(**{"run-100000": unfinished})) if s.title.startswith("large runs: t")
+    ]
+    assert time_table[0].rows[0][1] == "unfinished after 190 s (41,234 done)"
     latency = sections(result(**{"chain-100": CHAIN}))[1]
     assert latency.columns == ("workload", "tasks", "p50", "p90", "p99", "max")
     assert latency.rows == [("chain-100", "300", "2.5 ms", "4.0 ms", "12.2 ms", "140 ms")]

@@ -42,6 +42,7 @@ __all__ = [
     "pg_database",
     "pg_url",
     "print_log_tails",
+    "server_settings",
     "stop_groups",
     "summary_ms",
     "treadle_env",
@@ -190,6 +191,22 @@ def check_alive(procs: Processes, logs: list[Path]) -> None:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
             raise RuntimeError(f"a treadle process exited with {proc.returncode}:\n{tail}")
+
+
+#: PostgreSQL settings that move the figures, reported with them.
+SERVER_SETTINGS = ("server_version", "autovacuum", "fsync", "synchronous_commit", "shared_buffers")
+
+
+def server_settings(url: str) -> dict[str, str]:
+    """The PostgreSQL server's version and the settings that move the figures (autovacuum off,
+    for one, leaves the index entries of claimed rows for every later claim to step over)."""
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    found = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in SERVER_SETTINGS:
+            row = conn.execute(f"SHOW {name}").fetchone()
+            found[name] = str(row[0]) if row else "?"
+    return found
 
 
 def machine() -> dict[str, Any]:

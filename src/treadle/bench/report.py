@@ -139,7 +139,9 @@ def _large_time(result: dict[str, Any]) -> Section:
         rows.append(
             (
                 name,
-                seconds(t["wall_s"], 1),
+                seconds(t["wall_s"], 1)
+                if t.get("finished", True)
+                else f"unfinished after {t['wall_s']:.0f} s ({number(t['tasks_done'])} done)",
                 seconds(t["created_s"], 1),
                 number(t.get("executing_tasks_per_s")),
                 _ratio(t.get("second_half_over_first_half")),

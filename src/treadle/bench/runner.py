@@ -23,7 +23,7 @@ from treadle.bench.burst import BurstOptions, measure_burst
 from treadle.bench.celery_side import CelerySide
 from treadle.bench.failover import FailoverOptions, measure_failover
 from treadle.bench.figures import ratio
-from treadle.bench.harness import machine, pg_database, print_log_tails
+from treadle.bench.harness import machine, pg_database, print_log_tails, server_settings
 from treadle.bench.options import BenchOptions
 from treadle.bench.schedules import SchedulesOptions, measure_schedules
 from treadle.bench.treadle_side import TreadleSide
@@ -107,7 +107,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     celery_version = None
     if runs:
         try:
-            figures, celery_version = _run_workloads(runs, options)
+            figures, errors, celery_version = _run_workloads(runs, options)
         except Exception as exc:
             errors |= {w.name: describe(exc) for w in runs}
             options.progress(f"the run workloads failed: {describe(exc)}")
@@ -129,6 +129,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
             "slots_per_worker": options.slots,
             "reps": options.reps,
             "celery": celery_version,
+            **({} if options.database == "sqlite" else {"server": server_settings(options.database)}),
         },
         "machine": machine()
         | {"load_average_start": list(load_start), "load_average_end": list(os.getloadavg())},
@@ -151,9 +152,13 @@ def check_database(database: str) -> None:
         raise ValueError(f"treadle bench measures PostgreSQL or SQLite, not {scheme}")
 
 
-def _run_workloads(chosen: list[Workload], options: BenchOptions) -> tuple[dict[str, Any], str | None]:
-    """The run workloads on one set of processes (and Celery's when asked)."""
+def _run_workloads(
+    chosen: list[Workload], options: BenchOptions
+) -> tuple[dict[str, Any], dict[str, str], str | None]:
+    """The run workloads on one set of processes (and Celery's when asked): figures, errors of
+    the large runs that could not be measured, and Celery's version."""
     repeated = [w for w in chosen if not w.once]
+    errors: dict[str, str] = {}
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="treadle-bench-")))
         url = _database(stack, options, root)
@@ -169,26 +174,34 @@ def _run_workloads(chosen: list[Workload], options: BenchOptions) -> tuple[dict[
                 options.progress("starting Celery")
                 celery.start()
             figures = _measure(treadle, celery, repeated, options)
-            for w in chosen:
-                if w.once:
-                    options.progress(f"{w.name}: treadle")
-                    figures[w.name] = {
-                        "treadle": treadle.big(w),
-                        "tasks": w.tasks,
-                        "description": w.description,
-                    }
         except BaseException:
             print_log_tails(treadle.logs + (celery.logs if celery else []))
             raise
+        blocked = ""
+        for w in (w for w in chosen if w.once):
+            if blocked:
+                errors[w.name] = blocked
+                continue
+            options.progress(f"{w.name}: treadle")
+            try:
+                measured = treadle.big(w)
+            except Exception as exc:
+                print_log_tails(treadle.logs)
+                errors[w.name] = describe(exc)
+                blocked = f"not measured: {w.name} failed first"
+                continue
+            figures[w.name] = {"treadle": measured, "tasks": w.tasks, "description": w.description}
+            if not measured["finished"]:
+                blocked = f"not measured: {w.name} was still running"
         version = celery.version() if celery else None
     _compare_large_runs(figures, chosen)
-    return figures, version
+    return figures, errors, version
 
 
 def _compare_large_runs(figures: dict[str, Any], chosen: list[Workload]) -> None:
     """Set, on each large run after the first, its rate and CPU per task against the first one's
     (1.0: cost per task did not grow with the run's size)."""
-    large = [w for w in chosen if w.once]
+    large = [w for w in chosen if w.once and w.name in figures]
     if len(large) < 2:
         return
     base = figures[large[0].name]["treadle"]

@@ -44,6 +44,14 @@ from treadle.store.tables import task_instances
 POLL_S = 0.002
 #: The same for a large run measured once (its figure is seconds long; polling less perturbs less).
 ONCE_POLL_S = 0.05
+
+
+def large_run_limit_s(tasks: int) -> float:
+    """How long a large run may take before it is reported unfinished: 300 s, or 10 ms a task
+    (1,000 s for 100,000 tasks)."""
+    return max(300.0, tasks * 0.01)
+
+
 #: Beyond this many tasks in one DAG file, importing it may take longer than the default limit.
 LARGE_DAG_TASKS = 20_000
 
@@ -91,13 +99,20 @@ class TreadleSide:
         self.logs.append(log)
         self.roles[role] = self.procs.start(args, self.env, log).pid
 
-    def once(self, workload: Workload, *, poll_s: float = POLL_S) -> dict[str, Any]:
+    def once(
+        self, workload: Workload, *, poll_s: float = POLL_S, give_up_after_s: float | None = None
+    ) -> dict[str, Any]:
         """Trigger one run and wait for it: wall seconds from the trigger to seeing success, and
-        how long the trigger call took (creating the run and its instances, committed)."""
+        how long the trigger call took (creating the run and its instances, committed).
+
+        Past `give_up_after_s` (default: the bench's timeout) a run that has not ended raises
+        TimeoutError, unless `give_up_after_s` was given: then it is returned unfinished
+        (`finished` False), still running.
+        """
         from treadle.engine.runs import trigger_run
         from treadle.store.database import Database
 
-        timeout_s = max(self.options.timeout_s, workload.tasks * 0.02)
+        timeout_s = self.options.timeout_s if give_up_after_s is None else give_up_after_s
         db = Database(self.url, application_name="treadle-bench")
         try:
             with self._state_reader() as state:
@@ -111,20 +126,28 @@ class TreadleSide:
                     if polls % max(int(1 / poll_s), 1) == 0:
                         check_alive(self.procs, self.logs)
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"run {run_id} not done in {timeout_s:.0f} s")
+                        if give_up_after_s is None:
+                            raise TimeoutError(f"run {run_id} not done in {timeout_s:.0f} s")
+                        break
                     time.sleep(poll_s)
                 wall = time.perf_counter() - began
         finally:
             db.dispose()
-        if current != "success":
+        finished = current in ("success", "failed")
+        if finished and current != "success":
             raise RuntimeError(f"treadle run {run_id} of {workload.dag_id} ended {current}")
-        self._check_value(workload, run_id)
-        return {"wall_s": wall, "trigger_s": triggered - began, "run_id": run_id}
+        if finished:
+            self._check_value(workload, run_id)
+        return {"wall_s": wall, "trigger_s": triggered - began, "run_id": run_id, "finished": finished}
 
     def big(self, workload: Workload) -> dict[str, Any]:
         """One large run: time (trigger to success, and the creation alone), tasks/s, scheduler
         CPU, CPU per task, peak memory of every process and its children, and whether the rate
-        holds from the run's first tasks to its last."""
+        holds from the run's first tasks to its last.
+
+        A run still going after `large_run_limit_s` is reported as it stands (`finished`
+        False, with the tasks done by then) and left running: measure nothing after it.
+        """
         pids = list(self.roles.values())
         scheduler = self.roles.get("scheduler", self.roles.get("standalone"))
         assert scheduler is not None and self.bdb is not None
@@ -134,21 +157,26 @@ class TreadleSide:
         sampler = MemorySampler(dict(self.roles))
         sampler.start()
         try:
-            result = self.once(workload, poll_s=ONCE_POLL_S)
+            result = self.once(
+                workload, poll_s=ONCE_POLL_S, give_up_after_s=large_run_limit_s(workload.tasks)
+            )
         finally:
             memory = sampler.stop()
         cpu = cpu_seconds([scheduler]) - cpu0
-        cpu_per_task = meter.figures(workload.tasks)
         load1 = os.getloadavg()[0]
         wall = result["wall_s"]
         run = self._timeline(result["run_id"])
+        seen_done = run.pop("tasks_done", 0)
+        done = workload.tasks if result["finished"] else seen_done
         return {
+            "finished": result["finished"],
+            **({} if result["finished"] else {"tasks_done": done, "gave_up_after_s": round(wall, 1)}),
             "wall_s": round(wall, 3),
-            "tasks_per_s": round(workload.tasks / wall, 1),
+            "tasks_per_s": round(done / wall, 1),
             "created_s": round(result["trigger_s"], 3),
             **run,
             ("standalone_cpu_s" if self.sqlite_path else "scheduler_cpu_s"): round(cpu, 3),
-            **cpu_per_task,
+            **meter.figures(max(done, 1)),
             **memory,
             "load_1m_before_after": [round(load0, 2), round(load1, 2)],
         }
@@ -162,10 +190,11 @@ class TreadleSide:
         starts = [r[0] for r in rows if r[0] is not None]
         ends = [r[1] for r in rows if r[1] is not None]
         if not starts or not ends:
-            return {}
+            return {"tasks_done": len(ends)}
         first = min(starts)
         span = max((max(ends) - first).total_seconds(), 0.001)
         return {
+            "tasks_done": len(ends),
             "executing_s": round(span, 3),
             "executing_tasks_per_s": round(len(ends) / span, 1),
             "tasks_per_s_by_tenth": rates_by_share(first, ends),
