@@ -18,7 +18,6 @@ the database time of each claim statement relative to the commit that readied it
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import textwrap
 import threading
@@ -32,16 +31,17 @@ from _common import (
     Processes,
     check_alive,
     cli,
+    dist_ms,
     emit,
     log_mentions,
     machine,
-    percentile,
     pg_database,
     print_log_tails,
     treadle_env,
     wait_for,
 )
 
+from treadle.bench.db import BenchDb, ready_to_started
 from treadle.engine.runs import trigger_run
 from treadle.store.database import Database
 from treadle.store.dialects import READY_CHANNEL
@@ -151,38 +151,15 @@ def drive(
 
 
 def latencies(url: str, run_ids: list[str], *, with_upstream: bool | None) -> list[float]:
-    """started_at - queued_at (seconds) of first attempts in the given runs.
+    """started_at - queued_at (seconds) of first attempts in the given runs (treadle.bench.db).
 
     with_upstream: True for tasks readied by an upstream completion, False for roots, None for all.
     """
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT queued_at, started_at, upstream_total, attempt FROM task_instances "
-            "WHERE run_id = ANY(%s)",
-            (run_ids,),
-        ).fetchall()
-    out = []
-    for queued, started, upstream_total, attempt in rows:
-        if attempt != 1 or queued is None or started is None:
-            continue
-        if with_upstream is not None and (upstream_total > 0) != with_upstream:
-            continue
-        out.append((started - queued).total_seconds())
-    return out
-
-
-def stats_ms(values: list[float]) -> dict[str, Any]:
-    """p50 / p90 / p99 / max in milliseconds, and the count."""
-    if not values:
-        return {"count": 0}
-    return {
-        "count": len(values),
-        "p50_ms": round(statistics.median(values) * 1000, 2),
-        "p90_ms": round(percentile(values, 90) * 1000, 2),
-        "p99_ms": round(percentile(values, 99) * 1000, 2),
-        "max_ms": round(max(values) * 1000, 2),
-        "min_ms": round(min(values) * 1000, 2),
-    }
+    bdb = BenchDb(url)
+    try:
+        return ready_to_started(bdb, run_ids, with_upstream=with_upstream)
+    finally:
+        bdb.close()
 
 
 def profile(url: str, run_ids: list[str], arrivals: list[datetime]) -> dict[str, Any]:
@@ -215,9 +192,9 @@ def profile(url: str, run_ids: list[str], arrivals: list[datetime]) -> dict[str,
             notify_to_first.append((starts[0] - seen).total_seconds())
         first_to_last.append((starts[-1] - starts[0]).total_seconds())
     return {
-        "ready_to_notify_seen": stats_ms(to_notify),
-        "notify_seen_to_first_claim": stats_ms(notify_to_first),
-        "first_to_last_claim_of_a_run": stats_ms(first_to_last),
+        "ready_to_notify_seen": dist_ms(to_notify),
+        "notify_seen_to_first_claim": dist_ms(notify_to_first),
+        "first_to_last_claim_of_a_run": dist_ms(first_to_last),
     }
 
 
@@ -268,7 +245,7 @@ def main() -> None:
                 extra["profile"] = {
                     "waves": profile(url, wave_ids, listener.arrivals),
                     "fanout_leaves": profile(url, fan_ids, listener.arrivals),
-                    "trigger_run_call_wall": stats_ms(trigger_wall_s),
+                    "trigger_run_call_wall": dist_ms(trigger_wall_s),
                 }
         except BaseException:
             print_log_tails(logs)
@@ -279,7 +256,7 @@ def main() -> None:
             for db in _databases.values():
                 db.dispose()
     overall = waves_s + roots_s + leaves_s
-    figures = stats_ms(overall)
+    figures = dist_ms(overall)
     emit(
         {
             "benchmark": "latency",
@@ -295,9 +272,9 @@ def main() -> None:
             },
             "machine": machine(),
             "ready_to_started": {
-                "waves_triggered": stats_ms(waves_s),
-                "fanout_roots_triggered": stats_ms(roots_s),
-                "fanout_readied_by_upstream": stats_ms(leaves_s),
+                "waves_triggered": dist_ms(waves_s),
+                "fanout_roots_triggered": dist_ms(roots_s),
+                "fanout_readied_by_upstream": dist_ms(leaves_s),
                 "all": figures,
             },
             **extra,

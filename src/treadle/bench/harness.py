@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +21,33 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from treadle.bench.figures import dist_ms, percentile, summary_ms
+
+__all__ = [
+    "PG_ADMIN_URL",
+    "CpuMeter",
+    "Processes",
+    "check_alive",
+    "cli",
+    "count_in_logs",
+    "cpu_seconds",
+    "dist_ms",
+    "emit",
+    "log_mentions",
+    "machine",
+    "migrate",
+    "percentile",
+    "pg_backend_pids",
+    "pg_database",
+    "pg_url",
+    "print_log_tails",
+    "server_settings",
+    "stop_groups",
+    "summary_ms",
+    "treadle_env",
+    "wait_for",
+]
 
 PG_ADMIN_URL = os.environ.get("TREADLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -78,6 +104,19 @@ def cli(args: list[str], env: dict[str, str], *, timeout: float = 60) -> subproc
     if done.returncode != 0:
         raise RuntimeError(f"treadle {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
     return done
+
+
+def migrate(url: str) -> None:
+    """Bring a fresh database to the current schema, in this process (a `treadle db upgrade`
+    without the cost of starting one more interpreter)."""
+    from treadle.store.database import Database
+    from treadle.store.migrate import upgrade
+
+    db = Database(url, application_name="treadle-bench", pool_size=1)
+    try:
+        upgrade(db)
+    finally:
+        db.dispose()
 
 
 class Processes:
@@ -154,23 +193,20 @@ def check_alive(procs: Processes, logs: list[Path]) -> None:
             raise RuntimeError(f"a treadle process exited with {proc.returncode}:\n{tail}")
 
 
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile (pct in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(round(pct / 100 * len(ordered) + 0.5) - 1, 0)
-    return ordered[min(rank, len(ordered) - 1)]
+#: PostgreSQL settings that move the figures, reported with them.
+SERVER_SETTINGS = ("server_version", "autovacuum", "fsync", "synchronous_commit", "shared_buffers")
 
 
-def summary_ms(values_s: list[float]) -> dict[str, float]:
-    """Median, p95, min and max of durations in seconds, as milliseconds."""
-    if not values_s:
-        return {}
-    return {
-        "median_ms": round(statistics.median(values_s) * 1000, 2),
-        "p95_ms": round(percentile(values_s, 95) * 1000, 2),
-        "min_ms": round(min(values_s) * 1000, 2),
-        "max_ms": round(max(values_s) * 1000, 2),
-    }
+def server_settings(url: str) -> dict[str, str]:
+    """The PostgreSQL server's version and the settings that move the figures (autovacuum off,
+    for one, leaves the index entries of claimed rows for every later claim to step over)."""
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    found = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in SERVER_SETTINGS:
+            row = conn.execute(f"SHOW {name}").fetchone()
+            found[name] = str(row[0]) if row else "?"
+    return found
 
 
 def machine() -> dict[str, Any]:

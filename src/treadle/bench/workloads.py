@@ -18,6 +18,8 @@ class Workload:
     """One shape of work: its DAG source for treadle and, if it maps, its Celery canvas."""
 
     name: str
+    #: The name `--only` takes (the full name works too).
+    short: str
     dag_id: str
     tasks: int
     description: str
@@ -136,12 +138,13 @@ def _celery_independent(count: int) -> Callable[[Any], Any]:
 
 
 def workloads(
-    *, chain: int = 100, width: int = 500, independent: int = 2000, big: int = 10_000
+    *, chain: int = 100, width: int = 500, independent: int = 2000, big: int = 10_000, huge: int = 100_000
 ) -> list[Workload]:
-    """The workloads of `treadle bench`, in the order they are measured."""
+    """The run workloads of `treadle bench`, in the order they are measured."""
     return [
         Workload(
             name=f"chain-{chain}",
+            short="chain",
             dag_id="bench_chain",
             tasks=chain,
             description=f"a chain of {chain} tasks, each taking the previous one's result",
@@ -151,6 +154,7 @@ def workloads(
         ),
         Workload(
             name=f"fanout-{width}",
+            short="fanout",
             dag_id="bench_fanout",
             tasks=width + 2,
             description=f"1 -> {width} -> 1: a start task, {width} tasks taking its result, a join",
@@ -160,6 +164,7 @@ def workloads(
         ),
         Workload(
             name=f"independent-{independent}",
+            short="independent",
             dag_id="bench_independent",
             tasks=independent,
             description=f"{independent} independent no-op tasks in one run",
@@ -169,10 +174,21 @@ def workloads(
         ),
         Workload(
             name=f"run-{big}",
+            short="run",
             dag_id="bench_big",
             tasks=big,
             description=f"one run of {big} independent no-op tasks (time, scheduler CPU, peak memory)",
             dag_source=independent_dag("bench_big", big),
+            expected=None,
+            once=True,
+        ),
+        Workload(
+            name=f"run-{huge}",
+            short="huge",
+            dag_id="bench_huge",
+            tasks=huge,
+            description=f"one run of {huge} independent no-op tasks: creation, rate, cost per task",
+            dag_source=independent_dag("bench_huge", huge),
             expected=None,
             once=True,
         ),

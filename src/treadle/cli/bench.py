@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 import click
 from rich.console import Console
@@ -22,7 +23,16 @@ from treadle.errors import InvalidRequest
     help="'sqlite' (a fresh file) or a PostgreSQL URL whose user may create databases: a fresh "
     "database is made there and dropped afterwards.",
 )
-@click.option("--only", multiple=True, help="Workload to run (chain, fanout, independent, run); repeatable.")
+@click.option(
+    "--only",
+    multiple=True,
+    help="Workload to run, repeatable: chain, fanout, independent, run (the large run), huge "
+    "(the 100,000-task run), schedules, failover, burst; full names (chain-100) work too.",
+)
+@click.option(
+    "--all", "everything", is_flag=True, help="Every workload but the huge run (add --huge for it)."
+)
+@click.option("--huge", is_flag=True, help="Also one run of --huge-tasks tasks, compared with the large run.")
 @click.option("--slots", type=click.IntRange(1, 256), default=2, show_default=True, help="Slots per worker.")
 @click.option("--workers", type=click.IntRange(1, 16), default=1, show_default=True, help="Worker processes.")
 @click.option(
@@ -42,6 +52,48 @@ from treadle.errors import InvalidRequest
     help="Tasks in the one large run.",
 )
 @click.option(
+    "--huge-tasks",
+    type=click.IntRange(100, 10_000_000),
+    default=100_000,
+    show_default=True,
+    help="Tasks in the huge run.",
+)
+@click.option(
+    "--schedules",
+    type=click.IntRange(1, 10_000),
+    default=100,
+    show_default=True,
+    help="DAGs on a 1-second schedule (schedules workload).",
+)
+@click.option(
+    "--duration",
+    type=click.IntRange(1, 3600),
+    default=60,
+    show_default=True,
+    help="Seconds the schedules workload measures.",
+)
+@click.option(
+    "--failovers",
+    type=click.IntRange(1, 50),
+    default=3,
+    show_default=True,
+    help="Times the failover workload kills the leader.",
+)
+@click.option(
+    "--burst",
+    type=click.IntRange(1, 100_000),
+    default=10_000,
+    show_default=True,
+    help="DAGs due at once (burst workload).",
+)
+@click.option(
+    "--burst-every",
+    type=click.IntRange(2, 3600),
+    default=None,
+    help="Put the burst's DAGs on an interval of this many seconds instead of cron '* * * * *' "
+    "(a short one makes a quick run).",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -50,17 +102,32 @@ from treadle.errors import InvalidRequest
 def bench(
     database: str,
     only: tuple[str, ...],
+    everything: bool,
+    huge: bool,
     slots: int,
     workers: int,
     reps: int,
     vs_celery: bool,
     redis: str,
     big: int,
+    huge_tasks: int,
+    schedules: int,
+    duration: int,
+    failovers: int,
+    burst: int,
+    burst_every: int | None,
     json_path: Path | None,
 ) -> None:
-    """Run chain-100, fan-out 1 -> 500 -> 1, 2,000 independent tasks and one large run, each from
-    trigger to seen success, on fresh real processes; print a table (and JSON)."""
-    from treadle.bench.runner import BenchOptions, run_bench
+    """Measure treadle on fresh real processes and print tables (and JSON).
+
+    By default: chain-100, fan-out 1 -> 500 -> 1 and 2,000 independent tasks (trigger to seen
+    success, repeated), and one 10,000-task run (time, tasks/s, scheduler CPU, peak memory),
+    each with its ready-to-started latency. --only schedules, failover or burst measure the
+    scheduler; --huge adds a 100,000-task run; --all runs every workload but that one.
+    """
+    from treadle.bench.options import BenchOptions
+    from treadle.bench.report import sections
+    from treadle.bench.runner import run_bench
 
     console = Console(stderr=True)
     options = BenchOptions(
@@ -69,42 +136,46 @@ def bench(
         workers=workers,
         reps=reps,
         only=only,
+        everything=everything,
+        huge=huge,
         vs_celery=vs_celery,
         redis=redis,
         big=big,
+        huge_tasks=huge_tasks,
+        schedules=schedules,
+        duration_s=duration,
+        failovers=failovers,
+        burst=burst,
+        burst_every_s=burst_every,
         progress=lambda what: console.log(what),
     )
+    # SIGTERM unwinds like Ctrl-C, so every process the bench started is stopped and its
+    # temporary database dropped.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = run_bench(options)
     except (ValueError, RuntimeError) as exc:
         raise InvalidRequest(str(exc)) from exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2))
-    Console().print(_table(result))
+    out = Console()
+    for section in sections(result):
+        out.print(_table(section.title, section.columns, section.rows))
+    if result["errors"]:
+        failed = "; ".join(f"{name}: {error}" for name, error in result["errors"].items())
+        raise click.ClickException(f"{len(result['errors'])} workload(s) failed: {failed}")
 
 
-def _table(result: dict[str, Any]) -> Table:
-    s = result["settings"]
-    title = f"treadle bench: {s['database']}, {s['workers']} worker(s) x {s['slots_per_worker']} slots"
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
     table = Table(title=title)
-    for column in ("workload", "tasks", "treadle median", "per task", "tasks/s", "Celery median", "ratio"):
-        table.add_column(column, justify="left" if column == "workload" else "right")
-    for name, w in result["workloads"].items():
-        t = w["treadle"]
-        c = w.get("celery")
-        wall = t.get("median_wall_s", t.get("wall_s"))
-        extra = (
-            f" (scheduler CPU {t['scheduler_cpu_s']} s, peak {t['peak_pss_mb']} MB)"
-            if "peak_pss_mb" in t
-            else ""
-        )
-        table.add_row(
-            name,
-            str(w["tasks"]),
-            f"{wall:.3f} s{extra}",
-            f"{wall * 1000 / w['tasks']:.2f} ms",
-            f"{w['tasks'] / wall:.0f}",
-            f"{c['median_wall_s']:.3f} s" if c else "-",
-            f"{w['treadle_over_celery']}" if c else "-",
-        )
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
     return table
