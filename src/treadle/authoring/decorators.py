@@ -20,7 +20,7 @@ from treadle.authoring.specs import (
     current_dag,
     literal_arg,
 )
-from treadle.domain.dag_version import ArgRef
+from treadle.domain.dag_version import DEFAULT_TEAM, ArgRef
 from treadle.domain.timetable import ScheduleSpec, parse_schedule
 from treadle.errors import DagDefinitionError
 
@@ -139,6 +139,7 @@ def dag(
     allow_extra_params: bool = False,
     default_args: dict[str, Any] | None = None,
     max_active_tasks: int | None = None,
+    team: str = DEFAULT_TEAM,
 ) -> Any:
     """Declare a DAG: the decorated function places tasks; the decorator returns the `Dag`.
 
@@ -154,6 +155,7 @@ def dag(
     `params`: name -> `Param` (or a plain default) validated as JSON Schema at every trigger;
     unknown conf keys are rejected unless `allow_extra_params`. `max_active_tasks` caps how
     many of its task instances run at once, across all its runs.
+    `team`: the team that owns the DAG (roles in the REST API are granted per team).
     """
 
     def build(f: Callable[..., Any]) -> Dag:
@@ -208,6 +210,7 @@ def dag(
             default_args=defaults,
             fileloc=inspect.getsourcefile(f) or "",
             max_active_tasks=max_active_tasks,
+            team=check_identifier("team", team),
         )
         with building(new):
             f()

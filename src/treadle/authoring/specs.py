@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.authoring.settings import TaskSettings
-from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
+from treadle.domain.dag_version import DEFAULT_TEAM, ArgRef, DagStructure, TaskDef
 from treadle.domain.graph import find_cycle
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.timetable import ScheduleSpec
@@ -97,6 +97,8 @@ class Dag:
     default_args: dict[str, Any] = field(default_factory=dict)
     fileloc: str = ""
     max_active_tasks: int | None = None
+    #: The team that owns the DAG: roles are granted per team.
+    team: str = DEFAULT_TEAM
     tasks: dict[str, TaskNode] = field(default_factory=dict)
     pending_edges: list[tuple[str, str]] = field(default_factory=list)
     #: Next suffix to try per base id, so calling one function N times costs O(N), not O(N^2).
@@ -150,6 +152,7 @@ class Dag:
             fileloc=self.fileloc,
             max_active_tasks=self.max_active_tasks,
             tasks={k: t.to_def() for k, t in self.tasks.items()},
+            team=self.team,
         )
 
 

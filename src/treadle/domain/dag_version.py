@@ -15,6 +15,8 @@ from treadle.domain.timetable import ScheduleSpec
 
 #: JSON values as stored (Any only at this serialization boundary).
 JSON = Any
+#: The team a DAG belongs to unless it names one.
+DEFAULT_TEAM = "default"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,9 +142,17 @@ class DagStructure:
     #: Most task instances of this DAG running at once, across its runs (None: no limit).
     max_active_tasks: int | None = None
     tasks: dict[str, TaskDef] = field(default_factory=dict)
+    #: The team that owns the DAG (written only when not the default, so older hashes hold).
+    team: str = DEFAULT_TEAM
 
     def to_json(self) -> dict[str, JSON]:
         """Return the JSON form (keys sorted, so the hash is stable)."""
+        data = self._base_json()
+        if self.team != DEFAULT_TEAM:
+            data["team"] = self.team
+        return data
+
+    def _base_json(self) -> dict[str, JSON]:
         return {
             "dag_id": self.dag_id,
             "owner": self.owner,
@@ -170,6 +180,7 @@ class DagStructure:
             fileloc=data.get("fileloc", ""),
             max_active_tasks=data.get("max_active_tasks"),
             tasks={k: TaskDef.from_json(v) for k, v in data.get("tasks", {}).items()},
+            team=data.get("team", DEFAULT_TEAM),
         )
 
     def content_hash(self) -> str:
