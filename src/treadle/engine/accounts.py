@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.access import (
     ALL_TEAMS,
+    AuditEntry,
     Principal,
     Role,
     TokenRecord,
@@ -212,6 +213,18 @@ def set_active(db: Database, username: str, *, active: bool, by: Caller) -> None
         user_store.update_user(conn, found.id, now=now, is_active=active)
         action = "user.enable" if active else "user.disable"
         audit.record(conn, at=now, actor=by.actor, action=action, target=username, address=by.address)
+
+    db.transact(work)
+
+
+def end_sessions(db: Database, username: str, *, by: Caller) -> None:
+    """End every browser session of a user (logging out): its session version moves on."""
+
+    def work(conn: Connection) -> None:
+        found = _require_user(conn, username)
+        now = db_now(conn)
+        user_store.update_user(conn, found.id, now=now)
+        audit.record(conn, at=now, actor=by.actor, action="auth.logout", target=username, address=by.address)
 
     db.transact(work)
 
@@ -437,3 +450,20 @@ def list_teams(db: Database) -> list[tuple[str, str]]:
 def current_time(db: Database) -> datetime:
     """The database clock."""
     return db.query(db_now)
+
+
+def list_audit(
+    db: Database,
+    *,
+    since: datetime | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[AuditEntry]:
+    """Audit entries newest first, filtered; `before_id` continues from a previous page."""
+    return db.query(
+        lambda conn: audit.list_entries(
+            conn, since=since, actor=actor, action=action, before_id=before_id, limit=limit
+        )
+    )
