@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response, status
 
 from treadle.api.deps import audit_caller, get_db, get_settings, require
-from treadle.api.guard import Caller
+from treadle.api.guard import API, Caller
 from treadle.api.schemas import (
     CreatedToken,
     LoginRequest,
@@ -30,7 +30,7 @@ from treadle.engine import accounts
 from treadle.errors import AccountNotFound, PermissionDenied
 from treadle.store.database import Database
 
-router = APIRouter()
+router = APIRouter(prefix=API)
 Db = Annotated[Database, Depends(get_db)]
 Settings = Annotated[ApiSettings, Depends(get_settings)]
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from treadle.api.deps import authorize, get_db, require
-from treadle.api.guard import Caller
+from treadle.api.guard import API, Caller
 from treadle.api.schemas import DagDetail, Identifier, ScheduleOut, TriggerRequest
 from treadle.domain.access import Action, Role
 from treadle.domain.records import DagInfo, LoadErrorInfo, RunInfo
@@ -16,7 +16,7 @@ from treadle.engine.runs import trigger_run
 from treadle.errors import DagNotFound
 from treadle.store.database import Database
 
-router = APIRouter()
+router = APIRouter(prefix=API)
 Db = Annotated[Database, Depends(get_db)]
 #: How many coming fire times a DAG's detail lists.
 NEXT_FIRES = 5

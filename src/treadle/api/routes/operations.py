@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
 from treadle.api.deps import authorize, get_db, get_settings, require
-from treadle.api.guard import Caller
+from treadle.api.guard import API, Caller
 from treadle.api.routes.dags import dag_or_404
 from treadle.api.schemas import AuditPage, Identifier, PoolRequest, RequeueResult, ResolveRequest
 from treadle.api.settings import ApiSettings
@@ -26,7 +26,7 @@ from treadle.store.database import Database
 from treadle.store.datasets import DatasetEventInfo
 from treadle.store.pools import PoolInfo
 
-router = APIRouter()
+router = APIRouter(prefix=API)
 Db = Annotated[Database, Depends(get_db)]
 Settings = Annotated[ApiSettings, Depends(get_settings)]
 

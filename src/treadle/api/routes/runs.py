@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from treadle.api.deps import authorize, get_db, get_settings, require
-from treadle.api.guard import Caller
+from treadle.api.guard import API, Caller
 from treadle.api.routes.dags import dag_or_404
 from treadle.api.schemas import CancelRequest, ClearRequest, Identifier, RunPage
 from treadle.api.settings import ApiSettings
@@ -24,7 +24,7 @@ from treadle.engine.queries import RunDetail
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store.database import Database
 
-router = APIRouter()
+router = APIRouter(prefix=API)
 Db = Annotated[Database, Depends(get_db)]
 
 
