@@ -82,10 +82,14 @@ def api(api_db_url: str) -> Iterator[Api]:
     )
     for team in ("finance", "ops"):
         accounts.create_team(db, team, by=BY)
-    found = Api(db=db, client=make_client(db, login_limits=LoginLimits(per_user=3, per_address=6, window_s=60)))
+    found = Api(
+        db=db, client=make_client(db, login_limits=LoginLimits(per_user=3, per_address=6, window_s=60))
+    )
     for name, (team, role) in PERSONAS.items():
         accounts.create_user(db, name, PASSWORD, team=team, role=role, by=BY)
-        secret, _ = accounts.create_token(db, name, name=f"{name}-t", team=team, role=role, expires_in=None, by=BY)
+        secret, _ = accounts.create_token(
+            db, name, name=f"{name}-t", team=team, role=role, expires_in=None, by=BY
+        )
         found.tokens[name] = secret
     # `nobody` loses its only role after making its token: the token then carries no grant.
     accounts.set_role(db, "nobody", team="ops", role=None, by=BY)

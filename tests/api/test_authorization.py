@@ -25,7 +25,7 @@ def _routes(api: Api) -> list[tuple[str, str, APIRoute]]:
     return found
 
 
-def _action(route: APIRoute):  # noqa: ANN202
+def _action(route: APIRoute):
     actions = [action_of(d.call) for d in route.dependant.dependencies if d.call is not None]
     return next((a for a in actions if a is not None), None)
 
@@ -79,9 +79,15 @@ def test_a_token_without_grants_is_refused_everywhere_but_its_own_account(api: A
         ("post", "/api/v1/users", {"username": "u{n}", "password": "long enough password"}, {"admin"}),
     ],
 )
-def test_role_and_team_matrix_for_mutations(api: Api, method: str, path: str, body: object, allowed: set[str]) -> None:
+def test_role_and_team_matrix_for_mutations(
+    api: Api, method: str, path: str, body: object, allowed: set[str]
+) -> None:
     for n, who in enumerate(("admin", "fin_operator", "fin_viewer", "ops_operator", "nobody")):
-        payload = {k: v.format(n=n) if isinstance(v, str) else v for k, v in body.items()} if isinstance(body, dict) else body
+        payload = (
+            {k: v.format(n=n) if isinstance(v, str) else v for k, v in body.items()}
+            if isinstance(body, dict)
+            else body
+        )
         response = api.client.request(method.upper(), path, json=payload, headers=api.as_(who))
         expected = "allowed" if who in allowed else "denied"
         got = "denied" if response.status_code == 403 else "allowed"
@@ -91,9 +97,13 @@ def test_role_and_team_matrix_for_mutations(api: Api, method: str, path: str, bo
 
 
 def test_run_actions_follow_the_team_of_the_runs_dag(api: Api) -> None:
-    run_id = api.client.post("/api/v1/dags/fin_report/runs", json={}, headers=api.as_("fin_operator")).json()["run_id"]
+    run_id = api.client.post("/api/v1/dags/fin_report/runs", json={}, headers=api.as_("fin_operator")).json()[
+        "run_id"
+    ]
     for who, status in (("ops_operator", 403), ("fin_viewer", 403), ("fin_operator", 200)):
-        response = api.client.post(f"/api/v1/runs/{run_id}/cancel", json={"reason": "x"}, headers=api.as_(who))
+        response = api.client.post(
+            f"/api/v1/runs/{run_id}/cancel", json={"reason": "x"}, headers=api.as_(who)
+        )
         assert response.status_code == status, (who, response.text)
     assert api.client.get(f"/api/v1/runs/{run_id}", headers=api.as_("ops_operator")).status_code == 403
     assert api.client.get(f"/api/v1/runs/{run_id}", headers=api.as_("fin_viewer")).status_code == 200
@@ -117,7 +127,10 @@ def test_the_audit_log_and_load_errors_are_for_admins_of_every_team(api: Api) ->
     for who in ("fin_operator", "fin_viewer", "ops_operator"):
         assert api.client.get("/api/v1/audit", headers=api.as_(who)).status_code == 403
         assert api.client.get("/api/v1/dag-load-errors", headers=api.as_(who)).status_code == 403
-    assert api.client.get("/api/v1/dag-load-errors", headers=api.as_("admin")).json()[0]["fileloc"] == "/dags/bad.py"
+    assert (
+        api.client.get("/api/v1/dag-load-errors", headers=api.as_("admin")).json()[0]["fileloc"]
+        == "/dags/bad.py"
+    )
 
 
 def test_a_token_never_exceeds_its_users_current_role(api: Api) -> None:
