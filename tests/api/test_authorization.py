@@ -49,7 +49,7 @@ def test_unknown_paths_and_lookalikes_of_exempt_paths_need_credentials(api: Api)
 
 
 def test_every_route_declares_exactly_one_permission(api: Api) -> None:
-    for method, path, route in _routes(api):
+    for method, _path, route in _routes(api):
         if route.path in EXEMPT:
             continue
         assert _action(route) is not None, f"{method} {route.path} declares no permission"
