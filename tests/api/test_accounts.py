@@ -127,6 +127,7 @@ def test_login_is_rate_limited_per_user_and_per_address(api: Api) -> None:
     )
     failures = accounts.list_audit(api.db, action="auth.login_failed")
     assert len(failures) == 6 and {e.address for e in failures} == {"testclient"}
+    assert len(accounts.list_audit(api.db, action="auth.login_throttled")) == 2
 
 
 def test_tokens_are_shown_once_and_can_be_revoked_or_expire(api: Api) -> None:

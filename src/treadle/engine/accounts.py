@@ -290,13 +290,17 @@ def log_in(
         if by_user >= limits.per_user or by_address >= limits.per_address:
             raise TooManyAttempts(retry_after_s=int(limits.window_s))
 
-    db.query(throttle)
+    try:
+        db.query(throttle)
+    except TooManyAttempts:
+        _record_login(db, username, address=address, outcome="auth.login_throttled")
+        raise
     found = db.query(lambda conn: user_store.get_user(conn, username=username))
     ok = _verify(found.password_hash if found else _DUMMY_HASH, password)
     if found is None or not ok or not found.is_active:
-        _record_login(db, username, address=address, ok=False)
+        _record_login(db, username, address=address, outcome="auth.login_failed")
         raise NotAuthenticated("wrong user name or password")
-    _record_login(db, username, address=address, ok=True)
+    _record_login(db, username, address=address, outcome="auth.login")
     return found
 
 
