@@ -304,12 +304,12 @@ def log_in(
     return found
 
 
-def _record_login(db: Database, username: str, *, address: str | None, ok: bool) -> None:
+def _record_login(db: Database, username: str, *, address: str | None, outcome: str) -> None:
+    """Audit a login attempt: `auth.login`, `auth.login_failed` or `auth.login_throttled`."""
+
     def work(conn: Connection) -> None:
-        action = "auth.login" if ok else "auth.login_failed"
-        audit.record(
-            conn, at=db_now(conn), actor=f"user:{username}", action=action, target=username, address=address
-        )
+        actor = f"user:{username}"
+        audit.record(conn, at=db_now(conn), actor=actor, action=outcome, target=username, address=address)
 
     db.transact(work)
 
