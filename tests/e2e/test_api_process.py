@@ -167,3 +167,29 @@ def test_api_refuses_an_exposed_start_until_key_and_password_are_set(
             f"{base}/api/v1/auth/login", json={"username": "admin", "password": "a chosen admin password"}
         )
         assert login.status_code == 200 and login.json()["must_change_password"] is False
+
+
+def test_standalone_serves_the_api_and_stops_cleanly(env: dict[str, str], tmp_path: Path) -> None:
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "standalone.log"
+    args = ["standalone", "--api-port", str(port)]
+    with running(args, {**env, "TREADLE_ADMIN_PASSWORD": "standalone password"}, log) as proc:
+        wait_for(lambda: _up(base) or proc.poll() is not None, timeout=90, message="the API to answer")
+        assert proc.poll() is None, log.read_text()
+        login = httpx.post(
+            f"{base}/api/v1/auth/login",
+            json={"username": "admin", "password": "standalone password"},
+            timeout=60,
+        )
+        assert login.status_code == 200 and login.json()["must_change_password"] is True
+        # A second standalone on the same port runs without the API and says why.
+        second_log = tmp_path / "second.log"
+        with running(args, env, second_log) as second:
+            wait_for(
+                lambda: "REST API not started" in second_log.read_text() or second.poll() is not None,
+                timeout=90,
+            )
+            assert second.poll() is None, second_log.read_text()
+    assert proc.returncode == 0, log.read_text()
+    assert not _up(base)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import click
@@ -92,3 +93,40 @@ def announce_bootstrap(db: Database, api_settings: ApiSettings) -> None:
         "change it before anything else: POST /api/v1/auth/password or `treadle users set-password admin`",
         err=True,
     )
+
+
+class ApiInThread:
+    """The API served by uvicorn on a thread of another process (`treadle standalone`)."""
+
+    def __init__(self, app: FastAPI, *, host: str, port: int) -> None:
+        import socket
+
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            # Bound here, on the calling thread, so a busy port stops the start with a clear error.
+            self._socket.bind((host, port))
+        except OSError as exc:
+            self._socket.close()
+            raise ConfigError(
+                f"cannot serve the API on {host}:{port}: {exc.strerror}; use --api-port or --no-api"
+            ) from None
+        config = uvicorn.Config(app, log_config=None, access_log=False, server_header=False)
+        # Off the main thread uvicorn installs no signal handlers: the process's own handle them.
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="treadle-api", daemon=True
+        )
+
+    def start(self) -> None:
+        """Serve in the background."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the requests in flight and stop serving."""
+        self._server.should_exit = True
+        self._thread.join(timeout=15)
+        self._socket.close()
