@@ -151,3 +151,16 @@ def test_every_mutation_is_audited_with_who_where_and_redacted_parameters(api: A
     } <= changes
     listed = api.client.get("/api/v1/audit", params={"action": "run.trigger"}, headers=h).json()
     assert [e["target"] for e in listed["entries"]] == [run_id]
+
+
+def test_openapi_document_and_docs_are_served_without_credentials(api: Api) -> None:
+    doc = api.client.get("/api/v1/openapi.json").json()
+    paths = set(doc["paths"])
+    assert {"/healthz", "/readyz"} <= paths
+    assert all(p.startswith("/api/v1/") for p in paths - {"/healthz", "/readyz"})
+    assert doc["components"]["schemas"]["TriggerRequest"]["additionalProperties"] is False
+    docs = api.client.get("/api/v1/docs")
+    assert (
+        docs.status_code == 200
+        and "script-src https://cdn.jsdelivr.net 'sha256-" in docs.headers["content-security-policy"]
+    )
