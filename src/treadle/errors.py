@@ -19,7 +19,13 @@ TreadleError
 ├── BackfillConflict       a backfill changed under a drain pass or an operator action (backfill_id, dag_id)
 ├── SchemaOutOfDate        the database schema is not at the code's revision
 │   └── SchemaTooNew       the database is at a revision newer than this code knows (revision, expected)
-└── DatabaseUnavailable    the database cannot be reached (after retries)
+├── DatabaseUnavailable    the database cannot be reached (after retries)
+├── NotAuthenticated       no valid credentials: no session or token, a wrong password, a revoked token
+├── PermissionDenied       the caller's role in the object's team does not allow the action
+│   └── PasswordChangeRequired  the account must change its password before anything else
+├── TooManyAttempts        too many failed logins for a user or from an address (retry_after_s)
+├── AccountNotFound        no user, team or token by that name or id
+└── AccountConflict        a user or team by that name exists already
 
 The classes with facts take them as keyword-only fields, kept as attributes; their message is
 built from those fields unless one is given.
@@ -226,3 +232,31 @@ class ClearConflict(TreadleError):
         super().__init__(
             message or f"task instances of run {run_id!r} changed while being cleared; try again"
         )
+
+
+class NotAuthenticated(TreadleError):
+    """Sign in first: no valid session or API token was presented."""
+
+
+class PermissionDenied(TreadleError):
+    """Your role does not allow this action."""
+
+
+class PasswordChangeRequired(PermissionDenied):
+    """The password must be changed first: POST /api/v1/auth/password (or `treadle users set-password`)."""
+
+
+class TooManyAttempts(TreadleError):
+    """Too many failed logins: wait and try again."""
+
+    def __init__(self, message: str | None = None, *, retry_after_s: int) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message or f"too many failed logins; try again in {retry_after_s} s")
+
+
+class AccountNotFound(TreadleError):
+    """No such user, team or token."""
+
+
+class AccountConflict(TreadleError):
+    """A user or team by that name exists already."""

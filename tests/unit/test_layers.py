@@ -110,3 +110,29 @@ def test_dialect_branches_live_in_store_dialects() -> None:
         text = path.read_text()
         for branch in ("dialect.name", ".dialect ==", "dialect == "):
             assert branch not in text, f"{rel} branches on the dialect ({branch}); use store/dialects.py"
+
+
+def test_api_never_imports_user_code_the_worker_or_the_scheduler() -> None:
+    for path in (SRC / "api").rglob("*.py"):
+        for name in _imports(path):
+            assert not any(
+                word in name for word in ("loader", "authoring", "treadle.worker", "treadle.scheduler")
+            ), (
+                path,
+                name,
+            )
+
+
+def test_the_api_process_loads_no_dag_loader_or_worker_module() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, treadle.api.app, treadle.cli.api; "
+        "bad = [m for m in sys.modules if m.startswith(('treadle.authoring.loader', 'treadle.worker', "
+        "'treadle.scheduler'))]; print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"

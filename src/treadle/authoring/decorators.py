@@ -23,7 +23,7 @@ from treadle.authoring.specs import (
     literal_arg,
 )
 from treadle.domain.commands import CommandSpec
-from treadle.domain.dag_version import ArgRef
+from treadle.domain.dag_version import DEFAULT_TEAM, ArgRef
 from treadle.domain.param_rules import ParamRule
 from treadle.domain.timetable import ScheduleSpec, parse_schedule
 from treadle.errors import DagDefinitionError
@@ -297,6 +297,7 @@ def dag(
     runbook_url: str | None = None,
     manual_runs: bool = True,
     backfills: bool = True,
+    team: str = DEFAULT_TEAM,
 ) -> Any:
     """Declare a DAG: the decorated function places tasks; the decorator returns the `Dag`.
 
@@ -320,6 +321,8 @@ def dag(
     `freshness_slo`, how old its outputs may get (timedelta, seconds or text such as "6h");
     `failure_impact`; `runbook_url` (http or https); `manual_runs=False` refuses manual triggers
     and `backfills=False` refuses backfills.
+
+    `team`: the team that owns the DAG (roles in the REST API are granted per team).
 
     Calling the decorated name (`my_dag()`, as in Airflow) returns the same DAG: it is built once.
     """
@@ -391,6 +394,7 @@ def dag(
             max_active_tasks=max_active_tasks,
             contract=contract,
             param_rules=rules,
+            team=check_identifier("team", team),
         )
         with building(new):
             f()

@@ -12,7 +12,7 @@ from typing import Any
 from treadle.authoring.settings import TaskSettings
 from treadle.domain.commands import CommandSpec
 from treadle.domain.contract import DagContract
-from treadle.domain.dag_version import ArgRef, DagStructure, TaskDef
+from treadle.domain.dag_version import DEFAULT_TEAM, ArgRef, DagStructure, TaskDef
 from treadle.domain.graph import find_cycle
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.param_rules import ParamRule
@@ -117,6 +117,8 @@ class Dag:
     default_args: dict[str, Any] = field(default_factory=dict)
     fileloc: str = ""
     max_active_tasks: int | None = None
+    #: The team that owns the DAG: roles are granted per team.
+    team: str = DEFAULT_TEAM
     tasks: dict[str, TaskNode] = field(default_factory=dict)
     contract: DagContract = field(default_factory=DagContract)
     param_rules: tuple[ParamRule, ...] = ()
@@ -191,6 +193,7 @@ class Dag:
             tasks={k: t.to_def() for k, t in self.tasks.items()},
             contract=self.contract,
             param_rules=self.param_rules,
+            team=self.team,
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from treadle.cli.main import Context, cli, pass_context
+from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.domain.mapping import instance_label
 from treadle.engine import dead_letters as letters
@@ -80,13 +80,13 @@ def requeue_cmd(ctx: Context, task_instance_id: int | None, fp: str | None, as_j
     if (task_instance_id is None) == (fp is None):
         raise InvalidRequest("give exactly one of TASK_INSTANCE_ID or --fingerprint")
     if fp is not None:
-        group = letters.requeue_fingerprint(ctx.db, fp)
+        group = letters.requeue_fingerprint(ctx.db, fp, actor=identity())
         done = group.requeued
         for instance_id, why in group.refused:
             click.echo(f"not requeued: task instance {instance_id}: {why}", err=True)
     else:
         assert task_instance_id is not None
-        done = [letters.requeue_dead_letter(ctx.db, task_instance_id)]
+        done = [letters.requeue_dead_letter(ctx.db, task_instance_id, actor=identity())]
     if as_json:
         emit_json(done)
         return

@@ -141,6 +141,8 @@ pass_context: Callable[..., Any] = click.make_pass_decorator(Context)
 def main() -> None:
     """Console-script entry point."""
     from treadle.cli import (  # noqa: F401  (registers the commands)
+        accounts,
+        api,
         backfills,
         bench,
         dags,

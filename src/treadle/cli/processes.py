@@ -7,16 +7,20 @@ import logging
 import signal
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from treadle.authoring.artifacts import delete_run_files
 from treadle.cli.main import Context, cli, pass_context
-from treadle.errors import InvalidRequest
+from treadle.errors import ConfigError, InvalidRequest
 from treadle.observability.logging import configure_logging
 from treadle.scheduler.loop import Scheduler
 from treadle.store.database import Database
 from treadle.worker.worker import Worker
+
+if TYPE_CHECKING:
+    from treadle.cli.api import ApiInThread
 
 log = logging.getLogger("treadle")
 
@@ -124,13 +128,27 @@ def scheduler_cmd(ctx: Context, log_level: str) -> None:
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256))
 @_POLL_OPTION
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--api-port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="REST API port."
+)
+@click.option("--api-host", default="127.0.0.1", show_default=True, help="REST API address.")
+@click.option("--no-api", is_flag=True, help="Do not serve the REST API.")
 @pass_context
-def standalone_cmd(ctx: Context, concurrency: int, poll_interval: float, log_level: str) -> None:
-    """Scheduler and worker in one process (migrates the database first). SIGTERM drains."""
+def standalone_cmd(
+    ctx: Context,
+    concurrency: int,
+    poll_interval: float,
+    log_level: str,
+    api_port: int,
+    api_host: str,
+    no_api: bool,
+) -> None:
+    """Scheduler, worker and REST API in one process (migrates the database first). SIGTERM drains."""
     configure_logging(log_level)
     db = ctx.db_upgraded("treadle-standalone")
     ctx.settings.dags_folder.mkdir(parents=True, exist_ok=True)
     click.echo(f"treadle standalone: database {db.url}, DAGs from {ctx.settings.dags_folder}", err=True)
+    api = None if no_api else _start_api(ctx, host=api_host, port=api_port)
     _run_until_signal(
         ctx,
         worker=Worker(
@@ -143,6 +161,25 @@ def standalone_cmd(ctx: Context, concurrency: int, poll_interval: float, log_lev
         ),
         scheduler=_scheduler(ctx, db),
     )
+    if api is not None:
+        api.stop()
+
+
+def _start_api(ctx: Context, *, host: str, port: int) -> ApiInThread | None:
+    """Serve the REST API beside the scheduler and worker; None, said once, when it may not.
+
+    A refused API (an unsafe setting, a busy port) never stops the scheduler and worker.
+    """
+    from treadle.cli.api import ApiInThread, build_app
+
+    try:
+        api = ApiInThread(build_app(ctx, host=host), host=host, port=port)
+    except ConfigError as exc:
+        click.echo(f"treadle standalone: REST API not started: {exc}", err=True)
+        return None
+    api.start()
+    click.echo(f"treadle standalone: REST API on http://{host}:{port}/api/v1", err=True)
+    return api
 
 
 def _scheduler(ctx: Context, db: Database) -> Scheduler:

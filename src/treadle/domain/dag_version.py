@@ -18,6 +18,8 @@ from treadle.domain.timetable import ScheduleSpec
 
 #: JSON values as stored (Any only at this serialization boundary).
 JSON = Any
+#: The team a DAG belongs to unless it names one.
+DEFAULT_TEAM = "default"
 
 #: Execution timeout given to a task that sets none, unless the deployment says otherwise
 #: (TREADLE_DEFAULT_TASK_TIMEOUT). Applied to task instances when their run is created, never
@@ -211,6 +213,8 @@ class DagStructure:
     contract: DagContract = field(default_factory=DagContract)
     #: Cross-field rules on the params, checked with the params schema at every trigger.
     param_rules: tuple[ParamRule, ...] = ()
+    #: The team that owns the DAG (written only when not the default, so older hashes hold).
+    team: str = DEFAULT_TEAM
 
     def to_json(self) -> dict[str, JSON]:
         """Return the JSON form (keys sorted, so the hash is stable).
@@ -223,6 +227,8 @@ class DagStructure:
             extra["contract"] = self.contract.to_json()
         if self.param_rules:
             extra["param_rules"] = [r.to_json() for r in self.param_rules]
+        if self.team != DEFAULT_TEAM:
+            extra["team"] = self.team
         return extra | {
             "dag_id": self.dag_id,
             "owner": self.owner,
@@ -252,6 +258,7 @@ class DagStructure:
             tasks={k: TaskDef.from_json(v) for k, v in data.get("tasks", {}).items()},
             contract=DagContract.from_json(data.get("contract") or {}),
             param_rules=tuple(ParamRule.from_json(r) for r in data.get("param_rules") or ()),
+            team=data.get("team", DEFAULT_TEAM),
         )
 
     def content_hash(self) -> str:

@@ -21,6 +21,8 @@ class DagInfo:
     version_hash: str | None
     updated_at: datetime
     max_active_tasks: int | None = None
+    #: The team that owns the DAG.
+    team: str = "default"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,7 +14,7 @@ from treadle.engine.propagation import settle
 from treadle.engine.runs import reopen_run
 from treadle.errors import InvalidRequest, TaskInstanceNotFound
 from treadle.store import attempts as attempt_store
-from treadle.store import dialects
+from treadle.store import audit, dialects
 from treadle.store import readiness as readiness_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
@@ -78,12 +78,16 @@ def group_dead_letters(letters: list[DeadLetter]) -> list[DeadLetterGroup]:
     return sorted(result, key=lambda g: (-g.count, g.fingerprint))
 
 
-def requeue_dead_letter(db: Database, task_instance_id: int) -> TaskInstanceInfo:
+def requeue_dead_letter(
+    db: Database, task_instance_id: int, *, actor: str = "system", address: str | None = None
+) -> TaskInstanceInfo:
     """Queue a dead letter again with a fresh retry budget; its downstream and run reopen.
 
     Its downstream rows that failed because of it wait again, and every waiting row after it
     has its trigger rule applied anew (`propagation.settle`). A mapped task whose expansion
     failed expands again instead of being queued.
+
+    Audited (`dead_letter.requeue`, by `actor`) in the same transaction.
 
     A reopener of the run open/close protocol: the task-instance writes first, then
     `reopen_run` locks the run and reopens it in the same transaction. A dead letter of a
@@ -113,6 +117,15 @@ def requeue_dead_letter(db: Database, task_instance_id: int) -> TaskInstanceInfo
         # Rows after it counted its failure: recount them and apply their rules again.
         settle(db, conn, version, found.run_id, [found.task_id, *downstream], now=now)
         reopen_run(conn, found.run_id, now=now, requeued_task=found.task_id)
+        audit.record(
+            conn,
+            at=now,
+            actor=actor,
+            action="dead_letter.requeue",
+            target=f"{found.run_id}/{found.task_id}",
+            details={"task_instance_id": task_instance_id},
+            address=address,
+        )
         dialects.notify_ready(conn)
         updated = ti_store.get_task_instance(conn, task_instance_id)
         assert updated is not None
@@ -129,7 +142,9 @@ class GroupRequeue:
     refused: list[tuple[int, str]]
 
 
-def requeue_fingerprint(db: Database, fp: str) -> GroupRequeue:
+def requeue_fingerprint(
+    db: Database, fp: str, *, actor: str = "system", address: str | None = None
+) -> GroupRequeue:
     """Requeue every dead letter whose last attempt has this fingerprint.
 
     One refused requeue (a cancelled run, an instance that moved) does not stop the others; it
@@ -141,7 +156,7 @@ def requeue_fingerprint(db: Database, fp: str) -> GroupRequeue:
     requeued, refused = [], []
     for i in ids:
         try:
-            requeued.append(requeue_dead_letter(db, i))
+            requeued.append(requeue_dead_letter(db, i, actor=actor, address=address))
         except InvalidRequest as exc:
             refused.append((i, str(exc)))
     return GroupRequeue(requeued=requeued, refused=refused)

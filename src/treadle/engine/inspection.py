@@ -16,13 +16,18 @@ the output and resolves it, with a reason that the audit log keeps:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.dag_version import DagVersion
+from treadle.domain.mapping import next_held_back
 from treadle.domain.records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.states import TaskState
 from treadle.domain.transitions import UseCase
+from treadle.domain.trigger_rules import End
+from treadle.engine import propagation
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import record_outlet_events
 from treadle.engine.runs import close_run_if_done
@@ -48,6 +53,60 @@ class Inspection:
 
     task_instance: TaskInstanceInfo
     last_attempt: AttemptInfo | None
+
+
+def _follow(
+    db: Database, conn: Connection, version: DagVersion, found: TaskInstanceInfo, end: End, *, now: datetime
+) -> bool:
+    """What the resolved end leads to, as for any task's end: its direct downstream count it under
+    their trigger rules (plain ones by counter, as the hot path does), and a held-back sibling of
+    a mapped instance may start. True if something was queued."""
+    tasks = version.structure.tasks
+    downstream = version.downstream[found.task_id]
+    plain = [d for d in downstream if end is End.SUCCESS and propagation.is_plain(tasks[d])]
+    follow: list[propagation.FollowUp] = [
+        propagation.Arrival(version.id, found.run_id, d, end) for d in downstream if d not in plain
+    ]
+    held = next_held_back(found.map_index, tasks[found.task_id].max_active_mapped)
+    if held is not None:
+        follow.append(propagation.Release(found.run_id, found.task_id, held))
+    readied = (
+        ti_store.count_upstream_successes(conn, increments={(found.run_id, d): 1 for d in plain}, now=now)
+        if plain
+        else set()
+    )
+    return bool(readied) | bool(propagation.deliver(db, conn, follow, now=now).queues)
+
+
+def _record_outlets(
+    conn: Connection,
+    version: DagVersion,
+    mode: str,
+    found: TaskInstanceInfo,
+    *,
+    actor: str,
+    reason: str,
+    now: datetime,
+) -> None:
+    """A task resolved as success records its outlets' dataset events, as a success would."""
+    outlets = version.structure.tasks[found.task_id].outlets
+    if mode == "shadow" or not outlets:
+        return
+    record_outlet_events(
+        conn,
+        [
+            {
+                "dataset": name,
+                "run_id": found.run_id,
+                "dag_id": found.dag_id,
+                "task_id": found.task_id,
+                "version": None,
+                "extra": {"resolved_by": actor, "reason": reason.strip()[:500]},
+                "created_at": now,
+            }
+            for name in outlets
+        ],
+    )
 
 
 def list_needs_inspection(db: Database, *, limit: int = 1000) -> list[Inspection]:
@@ -109,34 +168,15 @@ def resolve(
         if resolution is Resolution.REQUEUE:
             dialects.notify_ready(conn)
         elif resolution is Resolution.SUCCESS:
-            readied = ti_store.count_upstream_successes(
-                conn, increments={(run_id, d): 1 for d in version.downstream[task_id]}, now=now
-            )
-            outlets = version.structure.tasks[task_id].outlets
-            if run.mode != "shadow" and outlets:
-                record_outlet_events(
-                    conn,
-                    [
-                        {
-                            "dataset": name,
-                            "run_id": run_id,
-                            "dag_id": found.dag_id,
-                            "task_id": task_id,
-                            "version": None,
-                            "extra": {"resolved_by": actor, "reason": reason.strip()[:500]},
-                            "created_at": now,
-                        }
-                        for name in outlets
-                    ],
-                )
+            readied = _follow(db, conn, version, found, End.SUCCESS, now=now)
+            _record_outlets(conn, version, run.mode, found, actor=actor, reason=reason, now=now)
             if readied:
                 dialects.notify_ready(conn)
             else:
                 close_run_if_done(conn, run_id)
         else:
-            ti_store.mark_upstream_failed(
-                conn, run_id=run_id, now=now, task_ids=version.all_downstream(task_id)
-            )
+            if _follow(db, conn, version, found, End.FAILED, now=now):
+                dialects.notify_ready(conn)
             close_run_if_done(conn, run_id)
         audit.record(
             conn,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.dag_version import DagStructure
 from treadle.domain.records import (
     AttemptInfo,
     DagInfo,
@@ -18,7 +20,7 @@ from treadle.domain.records import (
 from treadle.domain.secret_params import mask_run
 from treadle.engine.dags import versions_of
 from treadle.engine.diagnosis import live_workers
-from treadle.errors import RunNotFound
+from treadle.errors import DagNotFound, RunNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import dags as dag_store
 from treadle.store import queues as queue_store
@@ -132,3 +134,41 @@ def list_queues(db: Database, *, worker_stale_s: float) -> list[QueueView]:
 def list_workers(db: Database) -> list[WorkerInfo]:
     """Every known worker with its capacity and load at its last heartbeat."""
     return db.query(worker_store.list_workers)
+
+
+def list_runs_page(
+    db: Database,
+    *,
+    dag_id: str | None = None,
+    state: str | None = None,
+    run_type: str | None = None,
+    teams: frozenset[str] | None = None,
+    before: tuple[datetime, str] | None = None,
+    limit: int = 50,
+) -> list[RunInfo]:
+    """One page of runs, newest first, secret params masked (see store.runs.list_runs_page)."""
+
+    def work(conn: Connection) -> list[RunInfo]:
+        page = run_store.list_runs_page(
+            conn, dag_id=dag_id, state=state, run_type=run_type, teams=teams, before=before, limit=limit
+        )
+        return runs_for_operators(db, conn, page)
+
+    return db.query(work)
+
+
+def dag_structure(db: Database, dag_id: str) -> DagStructure:
+    """The structure of a DAG's latest version (tasks, edges, schedule, params schema)."""
+
+    def work(conn: Connection) -> DagStructure:
+        dag = dag_store.get_dag(conn, dag_id)
+        if dag is None or dag.latest_version_id is None:
+            raise DagNotFound(f"no DAG {dag_id!r} is registered")
+        return versions_of(db, conn, [dag.latest_version_id])[dag.latest_version_id].structure
+
+    return db.query(work)
+
+
+def dag_teams(db: Database) -> dict[str, str]:
+    """DAG id -> the team that owns it."""
+    return {d.dag_id: d.team for d in list_dags(db)}

@@ -13,13 +13,14 @@ from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagStructure, Dag
 from treadle.domain.manifest import DatasetConsumption, build_manifest
 from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
+from treadle.domain.secret_params import mask_secrets
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import TriggerRule
 from treadle.engine.dags import version_of
 from treadle.errors import DagNotFound, RunCancelledError, RunNotAllowed, RunNotFound
+from treadle.store import audit, dialects
 from treadle.store import dags as dag_store
-from treadle.store import dialects
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
 from treadle.store.database import Database, db_now
@@ -38,6 +39,7 @@ def trigger_run(
     run_type: RunType = RunType.MANUAL,
     default_queue_timeout_s: float = 600.0,
     default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
+    address: str | None = None,
 ) -> RunInfo:
     """Create a run of the DAG's latest version with its roots queued, in one transaction.
 
@@ -45,7 +47,8 @@ def trigger_run(
     The conf is validated against the DAG's params schema and rules first (every violation
     reported with its JSON path, nothing created). Tasks without their own `queue_timeout` get
     `default_queue_timeout_s`, those without a `timeout` `default_task_timeout_s` (None: none),
-    the deployment's.
+    the deployment's. The trigger is audited (`run.trigger`, by `triggered_by`, from `address`)
+    in the same transaction, its conf with secret params masked.
     """
     conf = dict(conf or {})
     check_conf_limits(conf)
@@ -73,6 +76,15 @@ def trigger_run(
         )
         run_store.insert_run(conn, run)
         ti_store.insert_task_instances(conn, rows)
+        audit.record(
+            conn,
+            at=now,
+            actor=triggered_by,
+            action="run.trigger",
+            target=run.run_id,
+            details={"dag_id": dag_id, "conf": mask_secrets(conf, version.structure.params_schema)},
+            address=address,
+        )
         dialects.notify_ready(conn)
         return run
 

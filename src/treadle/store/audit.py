@@ -8,6 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from treadle.domain.access import AuditEntry
 from treadle.store.tables import audit_log
 
 
@@ -19,10 +20,68 @@ def record(
     action: str,
     target: str,
     details: dict[str, Any] | None = None,
+    address: str | None = None,
 ) -> None:
     """Append one entry (in the caller's transaction, with the change it describes)."""
     conn.execute(
         sa.insert(audit_log).values(
-            at=at, actor=actor[:250], action=action, target=target[:500], details=details or {}
+            at=at,
+            actor=actor[:250],
+            action=action,
+            target=target[:500],
+            details=details or {},
+            address=address[:100] if address else None,
         )
     )
+
+
+def list_entries(
+    conn: Connection,
+    *,
+    since: datetime | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[AuditEntry]:
+    """Entries newest first, filtered; `before_id` pages backwards (a cursor on the id)."""
+    stmt = sa.select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
+    if since is not None:
+        stmt = stmt.where(audit_log.c.at >= since)
+    if actor is not None:
+        stmt = stmt.where(audit_log.c.actor == actor)
+    if action is not None:
+        stmt = stmt.where(audit_log.c.action == action)
+    if before_id is not None:
+        stmt = stmt.where(audit_log.c.id < before_id)
+    return [
+        AuditEntry(
+            id=r.id,
+            at=r.at,
+            actor=r.actor,
+            action=r.action,
+            target=r.target,
+            details=r.details or {},
+            address=r.address,
+        )
+        for r in conn.execute(stmt)
+    ]
+
+
+def count_recent(
+    conn: Connection, *, action: str, since: datetime, target: str | None = None, address: str | None = None
+) -> int:
+    """How many `action` entries since `since`, for one target or one address (login throttling).
+
+    A range on the `at` index: only the last window's entries are read.
+    """
+    stmt = (
+        sa.select(sa.func.count())
+        .select_from(audit_log)
+        .where(audit_log.c.at >= since, audit_log.c.action == action)
+    )
+    if target is not None:
+        stmt = stmt.where(audit_log.c.target == target)
+    if address is not None:
+        stmt = stmt.where(audit_log.c.address == address)
+    return int(conn.execute(stmt).scalar_one())

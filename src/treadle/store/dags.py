@@ -39,6 +39,7 @@ def upsert_dag_version(conn: Connection, structure: DagStructure, *, now: dateti
         "fileloc": structure.fileloc,
         "latest_version_id": version_id,
         "max_active_tasks": structure.max_active_tasks,
+        "team": structure.team,
         "is_active": True,
         "updated_at": now,
     }
@@ -106,6 +107,7 @@ def _dag_info(row: sa.Row[tuple[object, ...]]) -> DagInfo:
         version_hash=m["version_hash"],
         updated_at=m["updated_at"],
         max_active_tasks=m["max_active_tasks"],
+        team=m["team"],
     )
 
 

@@ -13,7 +13,7 @@ from treadle.domain.records import RunInfo
 from treadle.domain.states import ACTIVE_TASK_STATES, TERMINAL_RUN_STATES, RunState
 from treadle.domain.transitions import UseCase, run_sources
 from treadle.store import dialects
-from treadle.store.tables import dag_runs, task_instances
+from treadle.store.tables import dag_runs, dags, task_instances
 
 
 def insert_run(conn: Connection, run: RunInfo) -> None:
@@ -131,3 +131,40 @@ def idle_running_run_ids(conn: Connection, *, limit: int) -> list[str]:
         .limit(limit)
     )
     return list(conn.execute(stmt).scalars())
+
+
+def list_runs_page(
+    conn: Connection,
+    *,
+    dag_id: str | None,
+    state: str | None,
+    run_type: str | None,
+    teams: frozenset[str] | None,
+    before: tuple[datetime, str] | None,
+    limit: int,
+) -> list[RunInfo]:
+    """One page of runs, newest first (created_at, then run_id, descending).
+
+    `before` is the (created_at, run_id) of the last run of the previous page: a keyset cursor,
+    so a page costs the same however deep it is. `teams` keeps only runs of DAGs those teams
+    own (None: every team).
+    """
+    stmt = sa.select(dag_runs).order_by(dag_runs.c.created_at.desc(), dag_runs.c.run_id.desc()).limit(limit)
+    if dag_id is not None:
+        stmt = stmt.where(dag_runs.c.dag_id == dag_id)
+    if state is not None:
+        stmt = stmt.where(dag_runs.c.state == state)
+    if run_type is not None:
+        stmt = stmt.where(dag_runs.c.run_type == run_type)
+    if teams is not None:
+        owned = sa.select(dags.c.dag_id).where(dags.c.team.in_(sorted(teams)))
+        stmt = stmt.where(dag_runs.c.dag_id.in_(owned))
+    if before is not None:
+        at, run_id = before
+        stmt = stmt.where(
+            sa.or_(
+                dag_runs.c.created_at < at,
+                sa.and_(dag_runs.c.created_at == at, dag_runs.c.run_id < run_id),
+            )
+        )
+    return [_info(r) for r in conn.execute(stmt)]

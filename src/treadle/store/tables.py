@@ -68,6 +68,9 @@ dags = sa.Table(
     #: Most task instances of this DAG running at once, across its runs (None: no limit).
     sa.Column("max_active_tasks", sa.Integer, nullable=True),
     sa.Column("updated_at", UTCDateTime, nullable=False),
+    #: The team that owns the DAG (`@dag(team=...)`): roles are granted per team.
+    sa.Column("team", ID, nullable=False, server_default="default"),
+    sa.Index(None, "team"),
     **MYSQL_OPTIONS,
 )
 
@@ -336,7 +339,69 @@ audit_log = sa.Table(
     sa.Column("action", sa.String(100), nullable=False),
     sa.Column("target", sa.String(500), nullable=False),
     sa.Column("details", JSONType, nullable=False),
+    #: Where the request came from (the client address of an API call; NULL from the CLI).
+    sa.Column("address", sa.String(100), nullable=True),
     sa.Index(None, "at"),
+    sa.Index(None, "actor", "at"),
+    **MYSQL_OPTIONS,
+)
+
+#: Teams own DAGs; users hold a role per team (the team `*` means every team).
+teams = sa.Table(
+    "teams",
+    metadata,
+    sa.Column("name", ID, primary_key=True),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    **MYSQL_OPTIONS,
+)
+
+#: People (and automation owners) who may call the API; passwords hashed with argon2.
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("username", sa.String(100), nullable=False),
+    sa.Column("password_hash", sa.String(255), nullable=False),
+    sa.Column("is_active", sa.Boolean, nullable=False, server_default=sa.true()),
+    #: Set for the bootstrap admin (and by `users create --temporary`): every call but the
+    #: password change is refused until the password is changed.
+    sa.Column("must_change_password", sa.Boolean, nullable=False, server_default=sa.false()),
+    #: Bumped by a password change, role change or disabling: sessions carry the version they
+    #: were issued at, so every older session ends at once on every API process.
+    sa.Column("session_version", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("username"),
+    **MYSQL_OPTIONS,
+)
+
+#: A user's role in one team (`admin`, `operator`, `viewer`).
+team_memberships = sa.Table(
+    "team_memberships",
+    metadata,
+    sa.Column("user_id", sa.Integer, primary_key=True),
+    sa.Column("team", ID, primary_key=True),
+    sa.Column("role", sa.String(20), nullable=False),
+    sa.Index(None, "team"),
+    **MYSQL_OPTIONS,
+)
+
+#: API tokens: only the sha256 of the secret is stored; scoped to one team and role.
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("token_hash", sa.String(64), nullable=False),
+    sa.Column("name", sa.String(100), nullable=False),
+    sa.Column("user_id", sa.Integer, nullable=False),
+    sa.Column("team", ID, nullable=False),
+    sa.Column("role", sa.String(20), nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("expires_at", UTCDateTime, nullable=True),
+    sa.Column("revoked_at", UTCDateTime, nullable=True),
+    sa.UniqueConstraint("token_hash"),
+    sa.Index(None, "user_id"),
     **MYSQL_OPTIONS,
 )
 

@@ -1,0 +1,215 @@
+"""REST API figures on PostgreSQL: run list paging, a 500-task run's detail, concurrent triggers, RSS.
+
+Seeds `--runs` runs (default 100,000; rows inserted in batches, as the engine builds them) and
+one run of 500 tasks, starts `treadle api` as a real process, and measures over HTTP:
+
+* run list: `--pages` consecutive pages of 50 following `next_cursor` from the newest;
+* run detail of the 500-task run, `--details` times;
+* triggers: `--clients` threads each triggering `--triggers` runs with an operator token;
+* the API process's resident memory (VmRSS) after all of it.
+
+Prints one JSON object with p50 / p99 / max per operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _common import emit, machine, percentile, pg_database
+
+from treadle import dag, task
+from treadle.domain.access import ALL_TEAMS, Role
+from treadle.domain.dag_version import DagVersion
+from treadle.domain.states import RunType
+from treadle.engine import accounts
+from treadle.engine.accounts import Caller
+from treadle.engine.dags import sync_dags
+from treadle.engine.runs import new_run
+from treadle.store import migrate
+from treadle.store import runs as run_store
+from treadle.store import task_instances as ti_store
+from treadle.store.database import Database, db_now
+
+PASSWORD = "benchmark admin password"
+
+
+@task
+def noop() -> None:
+    return None
+
+
+@dag(dag_id="bench_api_small")
+def small() -> None:
+    noop()
+
+
+@dag(dag_id="bench_api_wide")
+def wide() -> None:
+    for _ in range(500):
+        noop()
+
+
+def seed(db: Database, runs: int) -> str:
+    """Insert `runs` one-task runs (created a second apart) and one 500-task run; its id."""
+    versions = sync_dags(
+        db, structures=[small.structure(), wide.structure()], scanned_files=[], errors={}
+    ).versions
+    small_v = DagVersion.of(versions["bench_api_small"], small.structure())
+    wide_v = DagVersion.of(versions["bench_api_wide"], wide.structure())
+    now = db.query(db_now)
+    done = 0
+    while done < runs:
+        batch = min(2000, runs - done)
+        made = [_run(small_v, now - timedelta(seconds=done + i)) for i in range(batch)]
+        with db.begin() as conn:
+            run_store.insert_runs(conn, [r for r, _ in made])
+            ti_store.insert_task_instances(conn, [row for _, rows in made for row in rows])
+        done += batch
+    big, rows = _run(wide_v, now + timedelta(seconds=1))
+    with db.begin() as conn:
+        run_store.insert_runs(conn, [big])
+        ti_store.insert_task_instances(conn, rows)
+    with db.begin() as conn:
+        conn.exec_driver_sql("ANALYZE")
+    return big.run_id
+
+
+def _run(version: DagVersion, at: Any) -> Any:  # Any: (RunInfo, rows) as new_run builds them
+    return new_run(
+        version,
+        run_type=RunType.MANUAL,
+        logical_date=at,
+        data_interval=(at, at),
+        conf={},
+        params={},
+        triggered_by="bench",
+        now=at,
+        default_queue_timeout_s=600,
+    )
+
+
+def timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def dist(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50_ms": round(percentile(values, 50) * 1000, 2),
+        "p99_ms": round(percentile(values, 99) * 1000, 2),
+        "max_ms": round(max(values) * 1000, 2),
+    }
+
+
+def measure(base: str, token: str, big_run: str, args: argparse.Namespace) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"}
+    client = httpx.Client(base_url=base, headers=headers, timeout=60)
+    pages: list[float] = []
+    cursor = None
+    for _ in range(args.pages):
+        params = {"limit": 50, **({"cursor": cursor} if cursor else {})}
+        start = time.perf_counter()
+        body = client.get("/api/v1/runs", params=params).json()
+        pages.append(time.perf_counter() - start)
+        cursor = body["next_cursor"]
+    details = [
+        timed(lambda: client.get(f"/api/v1/runs/{big_run}").raise_for_status()) for _ in range(args.details)
+    ]
+    triggers: list[float] = []
+    lock = threading.Lock()
+
+    def trigger_many() -> None:
+        own = httpx.Client(base_url=base, headers=headers, timeout=60)
+        for _ in range(args.triggers):
+            took = timed(lambda: own.post("/api/v1/dags/bench_api_small/runs", json={}).raise_for_status())
+            with lock:
+                triggers.append(took)
+        own.close()
+
+    threads = [threading.Thread(target=trigger_many) for _ in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"run_list_page": dist(pages), "run_detail_500_tasks": dist(details), "trigger": dist(triggers)}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100_000)
+    parser.add_argument("--pages", type=int, default=200)
+    parser.add_argument("--details", type=int, default=50)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--triggers", type=int, default=10)
+    args = parser.parse_args()
+    with pg_database("bench_api") as url, tempfile.TemporaryDirectory() as home:
+        db = Database(url, pool_size=4)
+        migrate.upgrade(db)
+        seeded = time.perf_counter()
+        big_run = seed(db, args.runs)
+        seed_s = time.perf_counter() - seeded
+        accounts.create_user(db, "bench", PASSWORD, team=ALL_TEAMS, role=Role.ADMIN, by=Caller(actor="bench"))
+        token, _ = accounts.create_token(
+            db,
+            "bench",
+            name="bench",
+            team=ALL_TEAMS,
+            role=Role.OPERATOR,
+            expires_in=None,
+            by=Caller(actor="bench"),
+        )
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {
+            **os.environ,
+            "TREADLE_DATABASE_URL": url,
+            "TREADLE_HOME": home,
+            "TREADLE_SECRET_KEY": "b" * 48,
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "treadle.cli", "api", "--port", str(port), "--log-level", "WARNING"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+            figures = measure(base, token, big_run, args)
+            figures["api_rss_mb"] = rss_mb(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            db.dispose()
+    emit({"benchmark": "api", "machine": machine(), "runs": args.runs, "seed_s": round(seed_s, 1), **figures})
+
+
+if __name__ == "__main__":
+    main()

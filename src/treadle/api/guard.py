@@ -1,0 +1,223 @@
+"""The gate in front of every route: body limit, authentication, CSRF, the password-change
+gate, security headers and the audit record of every mutating call.
+
+Deny by default (S6): only the exact paths in EXEMPT pass without credentials; anything else,
+including paths that match no route, needs a valid session or token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from treadle.api.problems import problem
+from treadle.api.sessions import CSRF_HEADER, SESSION_COOKIE, SessionCodec, csrf_matches
+from treadle.domain.access import Principal, redact_secrets
+from treadle.engine import accounts
+from treadle.store import audit
+from treadle.store.database import Database, db_now
+
+log = logging.getLogger("treadle.api")
+
+API = "/api/v1"
+#: The only paths served without credentials; matched exactly (never by prefix or suffix).
+EXEMPT = frozenset({"/healthz", "/readyz", f"{API}/auth/login", f"{API}/openapi.json", f"{API}/docs"})
+#: What an account that must change its password may still call.
+PASSWORD_CHANGE_ALLOWED = frozenset({f"{API}/auth/password", f"{API}/auth/me", f"{API}/auth/logout"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Strict by default: the API serves JSON, never script. /docs gets its own policy.
+CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+SECURITY_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+)
+#: Largest request body written (redacted) into the audit log.
+AUDITED_BODY_BYTES = 8192
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Caller:
+    """The authenticated caller of one request (kept in `request.state.caller`)."""
+
+    principal: Principal
+    via_cookie: bool
+    address: str | None
+
+
+class Guard:
+    """Pure ASGI middleware (so it sees every request, whatever route or lack of one)."""
+
+    def __init__(self, app: ASGIApp, *, db: Database, codec: SessionCodec, max_body_bytes: int) -> None:
+        self.app, self.db, self.codec, self.max_body_bytes = app, db, codec, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        send = _with_headers(send, docs=scope["path"] == f"{API}/docs")
+        request = Request(scope)
+        body = await _read_body(receive, self.max_body_bytes)
+        if body is None:
+            detail = f"the request body is larger than {self.max_body_bytes} bytes"
+            await problem(413, "Request body too large", detail)(scope, receive, send)
+            return
+        replay = _replay(body)
+        if scope["path"] in EXEMPT:
+            await self.app(scope, replay, send)
+            return
+        caller, refusal = await run_in_threadpool(self._authenticate, request)
+        if refusal is not None:
+            status, title, detail = refusal
+            extra = {"password_change": f"{API}/auth/password"} if title == "Password change required" else {}
+            await problem(status, title, detail, **extra)(scope, replay, send)
+            if status == 403 and caller is not None and request.method not in SAFE_METHODS:
+                await run_in_threadpool(self._audit, request, caller, body, status)
+            return
+        assert caller is not None
+        scope.setdefault("state", {})["caller"] = caller
+        status_seen: list[int] = []
+        await self.app(scope, replay, _status_recorder(send, status_seen))
+        if request.method not in SAFE_METHODS:
+            await run_in_threadpool(
+                self._audit, request, caller, body, status_seen[0] if status_seen else 500
+            )
+
+    def _authenticate(self, request: Request) -> tuple[Caller | None, tuple[int, str, str] | None]:
+        address = request.client.host if request.client else None
+        header = request.headers.get("authorization")
+        if header is not None:
+            scheme, _, secret = header.partition(" ")
+            if scheme.lower() != "bearer" or not secret.strip():
+                return None, (401, "Not authenticated", "the Authorization header must be `Bearer <token>`")
+            principal = accounts.principal_for_token(self.db, secret.strip())
+            if principal is None:
+                return None, (401, "Not authenticated", "the token is unknown, revoked or expired")
+            caller = Caller(principal=principal, via_cookie=False, address=address)
+        else:
+            cookie = request.cookies.get(SESSION_COOKIE)
+            session = self.codec.read(cookie) if cookie else None
+            if session is None:
+                return None, (
+                    401,
+                    "Not authenticated",
+                    "sign in (POST /api/v1/auth/login) or send a Bearer token",
+                )
+            principal = accounts.principal_for_session(
+                self.db, session.user_id, session_version=session.session_version
+            )
+            if principal is None:
+                return None, (401, "Not authenticated", "the session has ended; sign in again")
+            caller = Caller(principal=principal, via_cookie=True, address=address)
+            if request.method not in SAFE_METHODS and not csrf_matches(
+                session, request.headers.get(CSRF_HEADER)
+            ):
+                detail = "the X-CSRF-Token header is missing or does not match the session's CSRF token"
+                return caller, (403, "CSRF check failed", detail)
+        if principal.must_change_password and request.url.path not in PASSWORD_CHANGE_ALLOWED:
+            detail = f"change the password first: POST {API}/auth/password"
+            return caller, (403, "Password change required", detail)
+        return caller, None
+
+    def _audit(self, request: Request, caller: Caller, body: bytes, status: int) -> None:
+        """Record one mutating call: who, what, from where, with which (redacted) parameters."""
+        details: dict[str, Any] = {
+            "method": request.method,
+            "status": status,
+            "query": redact_secrets(dict(request.query_params)),
+            "body": _redacted_body(body),
+        }
+
+        def work(conn: Any) -> None:
+            audit.record(
+                conn,
+                at=db_now(conn),
+                actor=caller.principal.actor,
+                action="api.request",
+                target=request.url.path,
+                details=details,
+                address=caller.address,
+            )
+
+        try:
+            self.db.transact(work)
+        except Exception:
+            # The change itself is audited by the engine in its own transaction; a lost request
+            # record is logged, never turned into a failed response after the fact.
+            log.exception("could not record an API call", extra={"event": "api.audit_failed"})
+
+
+def _redacted_body(body: bytes) -> Any:  # Any: the JSON body, secrets masked
+    if not body:
+        return None
+    if len(body) > AUDITED_BODY_BYTES:
+        return f"<{len(body)} bytes>"
+    try:
+        return redact_secrets(json.loads(body))
+    except ValueError:
+        return f"<{len(body)} bytes, not JSON>"
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None once it passes `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def _with_headers(send: Send, *, docs: bool) -> Send:
+    async def wrapped(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            names = {k.lower() for k, _ in headers}
+            headers += [(k, v) for k, v in SECURITY_HEADERS if k not in names]
+            if b"content-security-policy" not in names and not docs:
+                headers.append((b"content-security-policy", CSP.encode()))
+            message["headers"] = headers
+        await send(message)
+
+    return wrapped
+
+
+def _status_recorder(send: Send, seen: list[int]) -> Callable[[Message], Awaitable[None]]:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            seen.append(int(message["status"]))
+        await send(message)
+
+    return wrapped
