@@ -253,8 +253,6 @@ def sensor(
     """
     where = f"@sensor {task_id or (fn.__name__ if fn else '')}".strip()
     check_setting_names(settings, where)
-    if "timeout" in settings:  # pragma: no cover - `timeout` is a named argument here
-        raise DagDefinitionError(f"{where}: timeout is the sensor's timeout")
     spec = sensor_spec(
         where,
         kind=PokeKind.SENSOR,
