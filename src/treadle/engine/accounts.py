@@ -6,6 +6,7 @@ adds nothing); neither the password nor the secret is ever stored or logged.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -43,8 +44,15 @@ BOOTSTRAP_ADMIN = "admin"
 #: Token secrets start with this, so a leaked one is easy to recognise (and to scan for).
 TOKEN_PREFIX = "trd_"
 _hasher = PasswordHasher()
-#: Verified against when the user does not exist, so a login takes as long either way.
-_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Verified against when the user does not exist, so a login takes as long either way.
+
+    Made at first use, not at import: every CLI command imports this module.
+    """
+    return _hasher.hash(secrets.token_urlsafe(16))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,7 +304,7 @@ def log_in(
         _record_login(db, username, address=address, outcome="auth.login_throttled")
         raise
     found = db.query(lambda conn: user_store.get_user(conn, username=username))
-    ok = _verify(found.password_hash if found else _DUMMY_HASH, password)
+    ok = _verify(found.password_hash if found else _dummy_hash(), password)
     if found is None or not ok or not found.is_active:
         _record_login(db, username, address=address, outcome="auth.login_failed")
         raise NotAuthenticated("wrong user name or password")
