@@ -15,6 +15,7 @@ from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, complete_attempt, hand_back_attempts
 from treadle.engine.reaper import enforce_execution_deadlines, expire_dispatch_deadlines, promote_due_retries
+from treadle.engine.runs import trigger_run
 from treadle.engine.workers import record_worker
 from treadle.store.database import db_now
 from treadle.store.tables import task_instances
@@ -54,22 +55,28 @@ def _state(runner: DagRunner, run_id: str, task_id: str) -> str:
     return next(t.state for t in queries.run_detail(runner.db, run_id).task_instances if t.task_id == task_id)
 
 
-def test_claim_persists_execution_deadline_of_its_own_timeout_or_the_default(runner: DagRunner) -> None:
-    runner.trigger()
-    claimed = claim_task_instances(
-        runner.db, worker_id="w", hostname="h", queues=["default"], limit=10, lease_s=30
-    )
-    assert {t.task_id for t in claimed} == {"bounded", "plain"}
-    with runner.db.read() as conn:
-        rows = {r.task_id: r for r in conn.execute(sa.select(task_instances))}
-    bounded_row = rows["bounded"]
-    assert (bounded_row.timeout_at - bounded_row.started_at).total_seconds() == pytest.approx(0.2, abs=0.002)
-    # A task with no timeout of its own gets the deployment's default (TREADLE_DEFAULT_TASK_TIMEOUT).
-    plain = rows["plain"]
-    assert plain.timeout_s == DEFAULT_TASK_TIMEOUT_S
-    assert (plain.timeout_at - plain.started_at).total_seconds() == pytest.approx(
-        DEFAULT_TASK_TIMEOUT_S, abs=0.01
-    )
+def test_claim_persists_execution_deadline_only_for_tasks_with_a_timeout(runner: DagRunner) -> None:
+    # A task without its own timeout gets the deployment's default, unless that is off.
+    for default_s in (DEFAULT_TASK_TIMEOUT_S, None):
+        run = trigger_run(runner.db, "deadlines", triggered_by="t", default_task_timeout_s=default_s)
+        claimed = claim_task_instances(
+            runner.db, worker_id="w", hostname="h", queues=["default"], limit=10, lease_s=30
+        )
+        assert {t.task_id for t in claimed} == {"bounded", "plain"}
+        ti = task_instances.c
+        with runner.db.read() as conn:
+            rows = {
+                r.task_id: r for r in conn.execute(sa.select(task_instances).where(ti.run_id == run.run_id))
+            }
+        bounded_row = rows["bounded"]
+        bounded_s = (bounded_row.timeout_at - bounded_row.started_at).total_seconds()
+        assert bounded_s == pytest.approx(0.2, abs=0.002)
+        plain_row = rows["plain"]
+        if default_s is None:
+            assert plain_row.timeout_at is None
+        else:
+            plain_s = (plain_row.timeout_at - plain_row.started_at).total_seconds()
+            assert plain_s == pytest.approx(default_s, abs=0.002)
 
 
 def test_queue_no_worker_serves_ends_dispatch_timeout_with_the_reason(runner: DagRunner) -> None:
