@@ -202,10 +202,13 @@ def server_settings(url: str) -> dict[str, str]:
     for one, leaves the index entries of claimed rows for every later claim to step over)."""
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     found = {}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for name in SERVER_SETTINGS:
-            row = conn.execute(f"SHOW {name}").fetchone()
-            found[name] = str(row[0]) if row else "?"
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            for name in SERVER_SETTINGS:
+                row = conn.execute(f"SHOW {name}").fetchone()
+                found[name] = str(row[0]) if row else "?"
+    except psycopg.Error as exc:  # the workloads report the unreachable server themselves
+        return {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
     return found
 
 
