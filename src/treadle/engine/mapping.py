@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagVersion
+from treadle.domain.dag_version import DagVersion, TaskDef
 from treadle.domain.fingerprint import fingerprint
 from treadle.domain.mapping import MapFailure, check_expansion, first_active
 from treadle.domain.records import AttemptRow
@@ -176,7 +176,7 @@ def claim_inputs(
     ]
 
 
-def _upstreams_read(definition: Any, *, mapped: bool) -> tuple[str, ...]:
+def _upstreams_read(definition: TaskDef, *, mapped: bool) -> tuple[str, ...]:
     """The upstreams whose results an instance receives: a mapped instance does not receive the
     list it maps over (its element is its argument) unless another argument names that task."""
     if not mapped or definition.map_source is None:
