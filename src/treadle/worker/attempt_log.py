@@ -154,8 +154,10 @@ class AttemptFiles:
             command_allowlist=settings.command_allowlist,
         )
 
-    def message_fields(self, task: ClaimedTask, *, map_index: int = -1) -> dict[str, object]:
-        """What a run request carries so the task process finds them."""
+    def message_fields(self, task: ClaimedTask) -> dict[str, object]:
+        """What a run request carries so the task process finds them (a mapped instance's log
+        has its own folder)."""
+        map_index = task.map_index
         path = attempt_log_path(
             self.logs_dir,
             dag_id=task.dag_id,
@@ -169,5 +171,4 @@ class AttemptFiles:
             "log_max_bytes": self.log_max_bytes,
             "runs_dir": str(self.runs_dir),
             "command_allowlist": list(self.command_allowlist),
-            "map_index": map_index,
         }
