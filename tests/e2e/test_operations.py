@@ -191,11 +191,11 @@ WIDE_DAG = """
 
     @task
     def hold(n: int) -> int:
-        time.sleep(20)  # long enough that the counts below cannot move while the test reads them
+        time.sleep(60)  # long enough that the counts below cannot move while the test reads them
         return n
 
 
-    @task(queue="gpu", queue_timeout=10, retries=0)
+    @task(queue="gpu", queue_timeout=30, retries=0)  # outlasts the reads below on a busy machine
     def elsewhere() -> None:
         return None
 
@@ -224,7 +224,7 @@ def test_bounded_admission_and_the_operational_views(pg_url: str, cluster: Calla
     assert (worker["concurrency"], worker["prefetch"]) == (2, 1)
     with c.db.read() as conn:
         running = conn.execute(sa.select(sa.func.count()).where(ti.c.state == "running")).scalar_one()
-    assert running == 3  # 2 in slots + 1 prefetched hold leases; never more (no task ends for 20 s)
+    assert running == 3  # 2 in slots + 1 prefetched hold leases; never more (no task ends for 60 s)
 
     queues = {q["queue"]: q for q in c.cli_json("queues")}
     assert queues["default"]["queued"] == 5 and queues["default"]["workers"]
@@ -239,6 +239,6 @@ def test_bounded_admission_and_the_operational_views(pg_url: str, cluster: Calla
     def stranded() -> object:
         return next((a for a in c.detail(run_id).attempts if a.task_id == "elsewhere"), None)
 
-    attempt = wait_for(stranded, timeout=30, message="the dispatch deadline to pass")
+    attempt = wait_for(stranded, timeout=90, message="the dispatch deadline to pass")
     assert attempt.outcome == "dispatch_timeout"  # type: ignore[attr-defined]
     assert "no live worker serves queue 'gpu'" in attempt.error_message  # type: ignore[attr-defined]
