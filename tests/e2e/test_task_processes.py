@@ -7,6 +7,7 @@ These drive `ChildProcess` in this test process (it plays the worker) with real 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -208,7 +209,12 @@ def test_a_dag_file_edited_after_start_runs_its_new_code(folder: Path, children:
         "from treadle import dag, task\n\n@task\ndef hi() -> str:\n    return 'hi'\n\n"
         "@dag(dag_id='later')\ndef later() -> None:\n    hi()\n"
     )
-    assert run(old, "hi", version_hash(later), dag_id="later") == {"ok": True, "value": "hi"}
+    assert run(old, "hi", version_hash(later), dag_id="later") == {
+        "ok": True,
+        "value": "hi",
+        "exit_code": 0,
+        "code_version": hashlib.sha256(later.read_bytes()).hexdigest(),  # the file it imported
+    }
 
 
 def test_the_skip_list_is_read_at_every_start(folder: Path, children: list[ChildProcess]) -> None:
@@ -254,7 +260,12 @@ def test_the_fork_server_dying_is_survived(
     # The attempt running meanwhile goes on and finishes.
     go.touch()
     assert child.conn.poll(60)
-    assert receive(child.conn) == {"ok": True, "value": child.process.pid}
+    assert receive(child.conn) == {
+        "ok": True,
+        "value": child.process.pid,
+        "exit_code": 0,
+        "code_version": hashlib.sha256((folder / "state.py").read_bytes()).hexdigest(),
+    }
 
     # A crash is still seen (how it ended went with the server), and a new server forks the next.
     with pytest.raises((EOFError, OSError)):
