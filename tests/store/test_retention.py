@@ -146,7 +146,8 @@ def test_old_finished_runs_go_with_all_their_rows_and_the_rest_stays(
 ) -> None:
     db = runner.db
     assert len(history.kept) == 3
-    assert all(n > 0 for n in history.old_rows.values()), history.old_rows
+    # four_steps maps nothing, so it has no task_map_items rows (their pruning: test_mapping.py).
+    assert all(n > 0 for t, n in history.old_rows.items() if t != "task_map_items"), history.old_rows
 
     report = prune(db, older_than=timedelta(days=1))
 
