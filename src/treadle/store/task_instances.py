@@ -573,26 +573,6 @@ def count_upstream_successes(
     return queued
 
 
-def mark_upstream_failed(
-    conn: Connection,
-    *,
-    run_id: str,
-    task_ids: list[str],
-    now: datetime,
-    by: UseCase = UseCase.PROPAGATE_FAILURE,
-) -> int:
-    """Move pending task instances of a run to upstream_failed."""
-    if not task_ids:
-        return 0
-    sources = task_sources(by, TaskState.UPSTREAM_FAILED)
-    result = conn.execute(
-        sa.update(ti)
-        .where(ti.c.run_id == run_id, ti.c.task_id.in_(task_ids), ti.c.state.in_(sources))
-        .values(state=TaskState.UPSTREAM_FAILED.value, ended_at=now)
-    )
-    return int(result.rowcount)
-
-
 def reset_to_pending(conn: Connection, *, run_id: str, task_ids: list[str]) -> int:
     """Move upstream_failed task instances of a run back to pending (after a requeue)."""
     if not task_ids:
