@@ -144,7 +144,8 @@ def time_out_sensor(
     code_version: str | None = None,
 ) -> Ending:
     """The final poke found the condition still unmet: dead-letter `sensor_timeout`, or with
-    `soft_fail` skip the instance and its pending downstream. Fenced by worker id and attempt."""
+    `soft_fail` skip the instance; the end reaches its downstream through their trigger rules.
+    Fenced by worker id and attempt."""
 
     def work(conn: Connection) -> Ending:
         now = db_now(conn)
