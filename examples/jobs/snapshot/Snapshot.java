@@ -1,5 +1,6 @@
 // A small batch job in the shape treadle runs external programs: it reads the run manifest
-// (--run-manifest FILE), writes its staging output and reports into TREADLE_OUTPUT_DIR, and
+// (--run-manifest FILE) and, with --source FILE, a source extract (header, rows, "TRAILER|n"),
+// writes its staging output and reports into TREADLE_OUTPUT_DIR, and
 // ends with an exit code of the standard contract. The run's "scenario" param picks the ending:
 //   ok             0   staged; run-output.json becomes the task's result
 //   not_ready      20  the source is not there yet (retried)
@@ -12,6 +13,7 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
@@ -61,7 +63,16 @@ public final class Snapshot {
                 default:
                     break;
             }
+            String source = option(args, "--source");
             List<String> rows = List.of("region,total", "north,120.5", "south,98.0", "west,43.25");
+            if (source != null) {
+                try {
+                    rows = readSource(Path.of(source));
+                } catch (IOException e) {
+                    System.err.println("snapshot: cannot read the source " + source + ": " + e.getMessage());
+                    return SOURCE_NOT_READY;
+                }
+            }
             Path staging = out.resolve("staging");
             Files.createDirectories(staging);
             Path part = staging.resolve("part-00000.csv");
@@ -83,6 +94,17 @@ public final class Snapshot {
             System.err.println("snapshot: cannot write the output: " + e.getMessage());
             return 50; // sink write failed: retryable
         }
+    }
+
+    /** The source extract without its trailer line ("TRAILER|n"): header first, then data rows. */
+    static List<String> readSource(Path source) throws IOException {
+        List<String> rows = new ArrayList<>();
+        for (String line : Files.readAllLines(source, StandardCharsets.UTF_8)) {
+            if (!line.isBlank() && !line.startsWith("TRAILER|")) {
+                rows.add(line);
+            }
+        }
+        return rows;
     }
 
     static String option(String[] args, String name) {
