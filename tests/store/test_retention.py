@@ -22,10 +22,12 @@ from treadle.engine.retention import prune
 from treadle.engine.workers import record_worker
 from treadle.errors import InvalidRequest
 from treadle.scheduler.loop import Scheduler
+from treadle.store import job_cancellations as job_cancels
 from treadle.store.database import Database, db_now
 from treadle.store.tables import (
     audit_log,
     dag_runs,
+    job_cancellations,
     task_attempts,
     task_instances,
     task_map_items,
@@ -35,7 +37,7 @@ from treadle.store.tables import (
 from treadle.testing import DagRunner
 
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
-RUN_TABLES = (dag_runs, task_instances, task_attempts, task_results, task_map_items)
+RUN_TABLES = (dag_runs, task_instances, task_attempts, task_results, task_map_items, job_cancellations)
 
 
 @pytest.fixture
@@ -109,6 +111,30 @@ def add_worker(db: Database, worker_id: str, *, last_heartbeat_at: datetime | No
         conn.execute(sa.update(workers).where(workers.c.worker_id == worker_id).values(**values))
 
 
+def owe_job_cancel(db: Database, run_id: str) -> None:
+    """Record an owed cancel of an external job for the run's first task instance."""
+    with db.begin() as conn:
+        instance = conn.execute(
+            sa.select(task_instances, dag_runs.c.dag_version_id)
+            .join(dag_runs, dag_runs.c.run_id == task_instances.c.run_id)
+            .where(task_instances.c.run_id == run_id)
+            .order_by(task_instances.c.id)
+        ).first()
+        assert instance is not None
+        job_cancels.request(
+            conn,
+            task_instance_id=instance.id,
+            run_id=run_id,
+            dag_id=instance.dag_id,
+            task_id=instance.task_id,
+            dag_version_id=instance.dag_version_id,
+            queue=instance.queue,
+            handle={"pid": 1},
+            reason="run cancelled",
+            now=db_now(conn),
+        )
+
+
 @dataclass
 class History:
     """Old and recent rows of every kind, with the ids of what must go and what must stay."""
@@ -128,6 +154,8 @@ def history(runner: DagRunner) -> History:
     set_run(db, [old_failed], state="failed")
     set_run(db, [old_cancelled], state="cancelled")
     kept = [recent]
+    owe_job_cancel(db, old_cancelled)
+    owe_job_cancel(db, recent)
     # Old in every column but not terminal: the positive evidence is missing, so they stay.
     for state in ("queued", "running"):
         active = trigger(runner)

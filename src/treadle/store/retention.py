@@ -17,6 +17,7 @@ from treadle.domain.states import TERMINAL_RUN_STATES
 from treadle.store.tables import (
     audit_log,
     dag_runs,
+    job_cancellations,
     task_attempts,
     task_instances,
     task_map_items,
@@ -34,6 +35,7 @@ class PrunedRows:
     task_attempts: int = 0
     task_results: int = 0
     task_map_items: int = 0
+    job_cancellations: int = 0
     audit_log: int = 0
     workers: int = 0
 
@@ -78,6 +80,7 @@ def count_prunable(conn: Connection, *, cutoff: datetime) -> PrunedRows:
         task_attempts=count(task_attempts, task_attempts.c.run_id.in_(old_runs)),
         task_results=count(task_results, task_results.c.run_id.in_(old_runs)),
         task_map_items=count(task_map_items, task_map_items.c.run_id.in_(old_runs)),
+        job_cancellations=count(job_cancellations, job_cancellations.c.run_id.in_(old_runs)),
         audit_log=count(audit_log, audit_log.c.at < cutoff),
         workers=count(workers, _old_worker_condition(cutoff)),
     )
@@ -102,8 +105,8 @@ def lock_old_runs(conn: Connection, *, cutoff: datetime, limit: int) -> list[str
 
 
 def delete_runs(conn: Connection, run_ids: list[str]) -> PrunedRows:
-    """Delete the given runs with their task instances, attempts, results and mapped elements
-    (children first).
+    """Delete the given runs with their task instances, attempts, results, mapped elements and
+    external job cancels, owed or done (children first).
 
     Precondition: `run_ids` come from `lock_old_runs` in the same transaction.
     """
@@ -116,6 +119,7 @@ def delete_runs(conn: Connection, run_ids: list[str]) -> PrunedRows:
     return PrunedRows(
         task_results=delete(task_results),
         task_map_items=delete(task_map_items),
+        job_cancellations=delete(job_cancellations),
         task_attempts=delete(task_attempts),
         task_instances=delete(task_instances),
         dag_runs=delete(dag_runs),
