@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,7 @@ def test_reschedule_is_fenced_and_promotion_queues_the_next_poke(db_url: str) ->
         assert row.next_attempt_at is not None and row.started_at is not None
         assert 29 <= (row.next_attempt_at - row.started_at).total_seconds() <= 60
         assert promote_due_retries(runner.db) == 0  # not due for 30 s
-        start = poke_start(runner.db, claimed)
+        start = poke_start(runner.db, replace(claimed, claimed_at=None))  # read from the database
         assert start.state == {"k": 1} and not start.final and start.first_poke_at is not None
         [explained] = why(runner.db, run_id, "slow_sensor", worker_stale_s=30)
         assert "next poke at" in explained.reason and "pokes so far: 1" in explained.reason
@@ -193,7 +194,9 @@ def test_reschedule_is_fenced_and_promotion_queues_the_next_poke(db_url: str) ->
         assert promote_due_retries(runner.db) == 1
         second = _claim(runner)
         assert second.attempt == 2 and second.attempt - second.budget_base == 1
-        assert poke_start(runner.db, second).first_poke_at == start.first_poke_at
+        # The claim read the poke columns: the poke starts from them without another query.
+        assert second.claimed_at is not None
+        assert poke_start(runner.db, second) == start
         cancelled = cancel_run(runner.db, run_id, actor="test")
         assert cancelled.run_state == "cancelled"
         with runner.db.read() as conn:
@@ -232,6 +235,33 @@ class FileJob(Deferred):
         state = json.loads(Path(handle["path"]).read_text())
         state["cancelled"] = handle
         Path(handle["path"]).write_text(json.dumps(state))
+
+
+def test_a_poke_claimed_past_its_deadline_knows_from_the_claim_that_it_is_final(db_url: str) -> None:
+    @dag(dag_id="late")
+    def late() -> None:
+        slow_sensor()
+
+    runner = DagRunner(late, database_url=db_url)
+    try:
+        run_id = runner.trigger()
+        first = _claim(runner)
+        assert reschedule_attempt(runner.db, first, worker_id="w1", hostname="h", state={"k": 1}).applied
+        # The first poke was two hours ago (timeout 3600 s) and the next one is due now.
+        long_ago = datetime(2020, 1, 1, tzinfo=UTC)
+        with runner.db.begin() as conn:
+            conn.execute(
+                ti_table.update()
+                .where(ti_table.c.id == first.task_instance_id)
+                .values(first_poke_at=long_ago, next_attempt_at=long_ago)
+            )
+        assert promote_due_retries(runner.db) == 1
+        last = _claim(runner)
+        start = poke_start(runner.db, last)
+        assert (start.state, start.final, start.first_poke_at) == ({"k": 1}, True, long_ago)
+        assert _instances(runner, run_id)["slow_sensor"].state == "running"
+    finally:
+        runner.close()
 
 
 @pytest.mark.parametrize(

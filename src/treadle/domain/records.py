@@ -137,6 +137,11 @@ class ClaimedTask:
     #: A mapped instance's position, and the element of the mapped list it runs with.
     map_index: int = -1
     map_item: Any = None  # Any: user JSON
+    #: Database time of the claim (None: not read from a claim), and the poke columns the claim
+    #: read with it: a poke starts from them without another query (`engine.sensing`).
+    claimed_at: datetime | None = None
+    first_poke_at: datetime | None = None
+    poll_state: Any = None  # Any: JSON
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,6 +172,9 @@ class AttemptRow:
     pool_slots: int = 1
     queued_at: datetime | None = None
     dispatch_deadline: datetime | None = None
+    #: A sensor's or submit-then-poll task's first poke and the state its last poke left.
+    first_poke_at: datetime | None = None
+    poll_handle: Any = None  # Any: JSON
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

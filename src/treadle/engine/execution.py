@@ -13,9 +13,11 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.dag_version import DagVersion
 from treadle.domain.fingerprint import fingerprint
 from treadle.domain.records import AttemptDetails, AttemptError, AttemptRow, ClaimedTask, RunInfo
 from treadle.domain.retry import FailurePlan, RetryDecision, plan_failure
+from treadle.domain.sensing import SensorSpec, next_poke_at
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import ending_use_case
 from treadle.engine.dags import version_of
@@ -25,6 +27,7 @@ from treadle.engine.propagation import FollowUp, after_dead_letter, after_succes
 from treadle.engine.runs import close_run_if_done
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
+from treadle.store import pokes as poke_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
 from treadle.store.database import Database, db_now
@@ -106,7 +109,14 @@ def _claim_in(
     runs = _runs(db, conn, {r.run_id for r in rows})
     inputs = claim_inputs(db, conn, rows, {r: run.dag_version_id for r, run in runs.items()}, known)
     return [
-        attempt_of(r, runs[r.run_id], started_at=r.started_at, upstream_results=upstream, map_item=item)
+        attempt_of(
+            r,
+            runs[r.run_id],
+            started_at=r.started_at,
+            upstream_results=upstream,
+            map_item=item,
+            claimed_at=r.heartbeat_at,
+        )
         for r, (upstream, item) in zip(rows, inputs, strict=True)
     ]
 
@@ -121,6 +131,26 @@ class Cycle:
     started: list[ClaimedTask | None]
     #: Newly claimed attempts; the first `claim_start` of them are started.
     claimed: list[ClaimedTask]
+    #: How each poke's reschedule was taken, in the order given.
+    rescheduled: list[Ending] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reschedule:
+    """A poke that found its condition unmet (or its job still running): record the attempt
+    `rescheduled` and schedule the next poke."""
+
+    task: ClaimedTask
+    #: A sensor's state or a submitted job's handle, for the next poke. Any: JSON.
+    state: Any
+    #: What the poke saw, recorded as the attempt's outputs.
+    evidence: dict[str, Any] | None = None
+    code_version: str | None = None
+    #: As the poke's request carried it (None on the first poke: this one's start).
+    first_poke_at: datetime | None = None
+    #: The poke submitted an external job: if the reschedule is refused, nobody will poll the
+    #: job, and a worker owes its cancel.
+    submitted: bool = False
 
 
 def work_cycle(
@@ -134,10 +164,11 @@ def work_cycle(
     hostname: str,
     queues: list[str],
     lease_s: float,
+    reschedules: Sequence[Reschedule] = (),
     attempts: int = 8,
 ) -> Cycle:
     """One transaction of the worker's hot path: start buffered attempts for idle slots, record
-    its slots' successes, and claim more, in that order.
+    its slots' successes and pokes' reschedules, and claim more, in that order.
 
     Recording before claiming lets the claim take what the successes just readied (the next
     task of a chain goes out in the same transaction that recorded its upstream). Each part is
@@ -149,10 +180,12 @@ def work_cycle(
     def work(conn: Connection) -> Cycle:
         # Several of this worker's rows change here: lock them in id order first, as the
         # heartbeat does, so the two never deadlock (a statement's own lock order is the plan's).
-        if len(start) + len(successes) > 1:
+        if len(start) + len(successes) + len(reschedules) > 1:
             ti_store.lock_in_id_order(
                 conn,
-                [t.task_instance_id for t in start] + [_unpack(d)[0].task_instance_id for d in successes],
+                [t.task_instance_id for t in start]
+                + [_unpack(d)[0].task_instance_id for d in successes]
+                + [r.task.task_instance_id for r in reschedules],
             )
         started = _start_in(conn, start, worker_id=worker_id)
         # An attempt can finish before its start is recorded (a slot ran it straight from the
@@ -163,6 +196,20 @@ def work_cycle(
             for t, v, o, x in (_unpack(d) for d in successes)
         ]
         done = _complete_in(db, conn, items, worker_id=worker_id, hostname=hostname, defer_notify=True)
+        now = db_now(conn) if reschedules else None
+        rescheduled = [
+            reschedule_in(
+                db,
+                conn,
+                replace(r, task=begun.get((r.task.task_instance_id, r.task.attempt), r.task))
+                if r.task.started_at is None
+                else r,
+                worker_id=worker_id,
+                hostname=hostname,
+                now=now,
+            )
+            for r in reschedules
+        ]
         claimed = _claim_in(
             db,
             conn,
@@ -179,7 +226,7 @@ def work_cycle(
         # in the queues it serves.
         if done.readied_queues and (len(claimed) >= claim_limit or not done.readied_queues <= set(queues)):
             dialects.notify_ready(conn)
-        return Cycle(endings=done.endings, started=started, claimed=claimed)
+        return Cycle(endings=done.endings, started=started, claimed=claimed, rescheduled=rescheduled)
 
     return db.transact(work, attempts=attempts)
 
@@ -213,8 +260,10 @@ def attempt_of(
     started_at: datetime | None,
     upstream_results: dict[str, Any] | None = None,
     map_item: Any = None,
+    claimed_at: datetime | None = None,
 ) -> ClaimedTask:
-    """The attempt that a task instance row (claim or lease columns) and its run describe."""
+    """The attempt that a task instance row (claim or lease columns) and its run describe;
+    `claimed_at` for a row a claim just read."""
     return ClaimedTask(
         task_instance_id=row.id,
         run_id=row.run_id,
@@ -232,6 +281,9 @@ def attempt_of(
         upstream_results=upstream_results or {},
         map_index=row.map_index,
         map_item=map_item,
+        claimed_at=claimed_at,
+        first_poke_at=row.first_poke_at,
+        poll_state=row.poll_handle,
     )
 
 
@@ -326,7 +378,7 @@ def _complete_in(
     for task, value, outlet_events, details in items:
         ended_at = ended.get((task.task_instance_id, task.attempt))
         if ended_at is None:
-            _discard(conn, task, "success")
+            discard_late_report(conn, task, "success")
         else:
             applied.append(
                 _Applied(
@@ -491,7 +543,7 @@ def fail_attempt(
             conn, task, plan, outcome=outcome, guard=guard, now=now, forget_poll_state=forget_poll_state
         ):
             if worker_id is not None and report_late:
-                _discard(conn, task, outcome.value)
+                discard_late_report(conn, task, outcome.value)
             return Ending(applied=False)
         insert_attempt_record(
             conn,
@@ -709,7 +761,66 @@ def insert_attempt_record(
     )
 
 
-def _discard(conn: Connection, task: ClaimedTask, what: str) -> None:
+def spec_of(version: DagVersion, task_id: str) -> SensorSpec:
+    """The sensor settings of a task (ValueError if it is an ordinary task)."""
+    spec = version.structure.tasks[task_id].sensor
+    if spec is None:
+        raise ValueError(f"task {task_id!r} is not a sensor or a submit-then-poll task")
+    return spec
+
+
+def reschedule_in(
+    db: Database,
+    conn: Connection,
+    poke: Reschedule,
+    *,
+    worker_id: str,
+    hostname: str,
+    now: datetime | None = None,
+) -> Ending:
+    """Record a poke's reschedule in the caller's transaction (see `Reschedule`).
+
+    Fenced like a failure: applied only while this worker holds the attempt. The attempt is
+    recorded `rescheduled` with the poke's evidence in its outputs; the state is stored in the
+    same statement as the reschedule. `now`: the database time (read here when None).
+    """
+    task = poke.task
+    now = now or db_now(conn)
+    spec = spec_of(version_of(db, conn, task.dag_version_id), task.task_id)
+    first = poke.first_poke_at or task.started_at or now
+    moved = poke_store.reschedule(
+        conn,
+        task_instance_id=task.task_instance_id,
+        attempt=task.attempt,
+        worker_id=worker_id,
+        now=now,
+        first_poke_at=first,
+        next_attempt_at=next_poke_at(spec, first_poke_at=first, now=now),
+        poll_handle=poke.state,
+    )
+    if not moved:
+        discard_late_report(conn, task, "reschedule")
+        return Ending(applied=False)
+    attempt_store.insert_attempt(
+        conn,
+        task_instance_id=task.task_instance_id,
+        run_id=task.run_id,
+        dag_id=task.dag_id,
+        task_id=task.task_id,
+        attempt=task.attempt,
+        outcome=AttemptOutcome.RESCHEDULED.value,
+        worker_id=worker_id or None,
+        hostname=hostname or None,
+        started_at=task.started_at,
+        ended_at=now,
+        duration_s=max((now - task.started_at).total_seconds(), 0.0) if task.started_at else None,
+        code_version=poke.code_version,
+        outputs=poke.evidence or None,
+    )
+    return Ending(applied=True)
+
+
+def discard_late_report(conn: Connection, task: ClaimedTask, what: str) -> None:
     """A report for an attempt this worker no longer holds: record it, apply nothing (fencing)."""
     attempt_store.mark_late_result(
         conn,

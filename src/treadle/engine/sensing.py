@@ -24,15 +24,22 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import AttemptError, ClaimedTask
-from treadle.domain.sensing import PokeKind, SensorSpec, is_final_poke, next_poke_at, poke_deadline
+from treadle.domain.sensing import PokeKind, is_final_poke, poke_deadline
 from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End
 from treadle.engine import propagation
 from treadle.engine.dags import version_of
-from treadle.engine.execution import MAX_MESSAGE_CHARS, Ending, insert_attempt_record
+from treadle.engine.execution import (
+    MAX_MESSAGE_CHARS,
+    Ending,
+    Reschedule,
+    discard_late_report,
+    insert_attempt_record,
+    reschedule_in,
+    spec_of,
+)
 from treadle.engine.runs import close_run_if_done
-from treadle.store import attempts as attempt_store
 from treadle.store import dialects
 from treadle.store import job_cancellations as job_store
 from treadle.store import pokes as poke_store
@@ -41,6 +48,10 @@ from treadle.store.database import Database, db_now
 from treadle.store.job_cancellations import JobCancellation
 
 log = logging.getLogger("treadle.engine")
+
+#: Why a job is owed a cancel when the attempt that submitted it was lost before its handle was
+#: recorded.
+ORPHANED_JOB = "submitted by an attempt that was cancelled or lost before its handle was recorded"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,16 +64,24 @@ class PokeStart:
     first_poke_at: datetime | None
 
 
-def spec_of(version: DagVersion, task_id: str) -> SensorSpec:
-    """The sensor settings of a task (ValueError if it is an ordinary task)."""
-    spec = version.structure.tasks[task_id].sensor
-    if spec is None:
-        raise ValueError(f"task {task_id!r} is not a sensor or a submit-then-poll task")
-    return spec
+def poke_start(db: Database, task: ClaimedTask, version: DagVersion | None = None) -> PokeStart:
+    """What the poke of a claimed attempt starts from, on the database's clock.
 
-
-def poke_start(db: Database, task: ClaimedTask) -> PokeStart:
-    """Read what the poke of a claimed attempt starts from, on the database's clock."""
+    An attempt a claim just read carries the poke columns and the claim's time (`claimed_at`):
+    no query then (`version`, if given, saves the version lookup too). The clock it judges
+    "final" by is its start, or else its claim: never later than the poke really starts, so a
+    poke is never told it is the last one early (one that runs a little past the timeout without
+    knowing is rescheduled to the deadline, and the next poke is the final one).
+    """
+    if task.claimed_at is not None:
+        version = version or db.query(lambda conn: version_of(db, conn, task.dag_version_id))
+        spec = spec_of(version, task.task_id)
+        clock = task.started_at or task.claimed_at
+        return PokeStart(
+            state=task.poll_state,
+            final=is_final_poke(spec, first_poke_at=task.first_poke_at, now=clock),
+            first_poke_at=task.first_poke_at,
+        )
 
     def work(conn: Connection) -> PokeStart:
         spec = spec_of(version_of(db, conn, task.dag_version_id), task.task_id)
@@ -88,50 +107,15 @@ def reschedule_attempt(
     code_version: str | None = None,
     first_poke_at: datetime | None = None,
 ) -> Ending:
-    """Record a poke that found the condition unmet (or the job running) and schedule the next.
-
-    Fenced like a failure: applied only while this worker holds the attempt. The attempt is
-    recorded `rescheduled` with the poke's evidence in its outputs; `state` (a submitted job's
-    handle, a sensor's state) is stored in the same statement as the reschedule.
+    """Record, in a transaction of its own, a poke that found the condition unmet (or the job
+    running) and schedule the next (see `execution.Reschedule`; a worker's dispatch pass records
+    its slots' reschedules together, `execution.work_cycle`).
     `first_poke_at`: as `poke_start` read it (None on the first poke: this one's start).
     """
-
-    def work(conn: Connection) -> Ending:
-        now = db_now(conn)
-        spec = spec_of(version_of(db, conn, task.dag_version_id), task.task_id)
-        first = first_poke_at or task.started_at or now
-        moved = poke_store.reschedule(
-            conn,
-            task_instance_id=task.task_instance_id,
-            attempt=task.attempt,
-            worker_id=worker_id,
-            now=now,
-            first_poke_at=first,
-            next_attempt_at=next_poke_at(spec, first_poke_at=first, now=now),
-            poll_handle=state,
-        )
-        if not moved:
-            _discard(conn, task, "reschedule")
-            return Ending(applied=False)
-        attempt_store.insert_attempt(
-            conn,
-            task_instance_id=task.task_instance_id,
-            run_id=task.run_id,
-            dag_id=task.dag_id,
-            task_id=task.task_id,
-            attempt=task.attempt,
-            outcome=AttemptOutcome.RESCHEDULED.value,
-            worker_id=worker_id or None,
-            hostname=hostname or None,
-            started_at=task.started_at,
-            ended_at=now,
-            duration_s=max((now - task.started_at).total_seconds(), 0.0) if task.started_at else None,
-            code_version=code_version,
-            outputs=evidence or None,
-        )
-        return Ending(applied=True)
-
-    return db.transact(work)
+    poke = Reschedule(
+        task=task, state=state, evidence=evidence, code_version=code_version, first_poke_at=first_poke_at
+    )
+    return db.transact(lambda conn: reschedule_in(db, conn, poke, worker_id=worker_id, hostname=hostname))
 
 
 def time_out_sensor(
@@ -164,7 +148,7 @@ def time_out_sensor(
             worker_id=worker_id,
             dead_letter_reason=None if spec.soft_fail else DeadLetterReason.SENSOR_TIMEOUT.value,
         ):
-            _discard(conn, task, "sensor timeout")
+            discard_late_report(conn, task, "sensor timeout")
             return Ending(applied=False)
         what = (
             "the submitted job did not finish"
@@ -312,21 +296,6 @@ def finish_job_cancel(db: Database, job: JobCancellation, *, worker_id: str, err
         )
 
     return db.transact(work)
-
-
-def _discard(conn: Connection, task: ClaimedTask, what: str) -> None:
-    attempt_store.mark_late_result(
-        conn, task_instance_id=task.task_instance_id, attempt=task.attempt, note=f"late {what} discarded"
-    )
-    log.warning(
-        "late report discarded",
-        extra={
-            "event": "task_instance.late_report_discarded",
-            "task_instance_id": task.task_instance_id,
-            "attempt": task.attempt,
-            "report": what,
-        },
-    )
 
 
 def dataset_event_for_interval(

@@ -29,6 +29,8 @@ _ATTEMPT_COLUMNS = (
     ti.c.orphaned_count,
     ti.c.map_index,
 )
+#: What a claim reads besides: its time (the heartbeat it stamps) and the poke columns.
+_CLAIM_COLUMNS = (ti.c.heartbeat_at, ti.c.first_poke_at, ti.c.poll_handle)
 
 
 def stamp(now: datetime | None, *, plus: timedelta | None = None) -> Any:
@@ -128,7 +130,7 @@ def _build_take(conn: Connection, started: bool, stamped: bool) -> sa.UpdateBase
             next_attempt_at=None,
             dispatch_deadline=None,
         )
-        .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS)
+        .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS, *_CLAIM_COLUMNS)
     )
     return stmt
 
@@ -173,7 +175,7 @@ def _take(
         )
     )
     rows = dialects.update_returning(
-        conn, stmt, (ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS), key=ti.c.id
+        conn, stmt, (ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS, *_CLAIM_COLUMNS), key=ti.c.id
     )
     return _attempts(rows)
 

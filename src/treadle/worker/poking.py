@@ -14,11 +14,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from treadle.authoring.sensing import POKE_KEY
-from treadle.domain.dag_version import TaskDef
+from treadle.domain.dag_version import DagVersion, TaskDef
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.sensing import PokeKind
-from treadle.engine.execution import Ending
-from treadle.engine.sensing import owe_job_cancel, poke_start, reschedule_attempt, time_out_sensor
+from treadle.engine.execution import Ending, Reschedule
+from treadle.engine.sensing import (
+    ORPHANED_JOB,
+    owe_job_cancel,
+    poke_start,
+    reschedule_attempt,
+    time_out_sensor,
+)
 from treadle.store.database import Database
 from treadle.worker.protocol import Message
 
@@ -40,10 +46,12 @@ def poke_evidence(answer: dict[str, Any]) -> dict[str, Any] | None:
     return {"evidence": evidence} if isinstance(evidence, dict) and evidence else None
 
 
-def poke_request(db: Database, task: ClaimedTask, message: Message) -> Message:
+def poke_request(
+    db: Database, task: ClaimedTask, message: Message, version: DagVersion | None = None
+) -> Message:
     """The run request of a poke: `message` with the state the last poke left and whether this
     poke is the final one (on the database's clock)."""
-    start = poke_start(db, task)
+    start = poke_start(db, task, version)
     return message | {
         "poke": {
             "state": start.state,
@@ -81,7 +89,7 @@ class Pokes:
 
     def message(self, task: ClaimedTask, message: Message) -> Message:
         """The run request of a poke: with the state the last poke left."""
-        return poke_request(self.slot.db, task, message)
+        return poke_request(self.slot.db, task, message, self.slot.version(task.dag_version_id))
 
     def take(
         self, current: Running, definition: TaskDef, request: Message, outcome: Message
@@ -93,12 +101,26 @@ class Pokes:
             return answer
         slot = self.slot
         submitted = kind == "wait" and bool(answer.get("submitted"))
+        code_version = outcome.get("code_version") if isinstance(outcome.get("code_version"), str) else None
+        if kind == "wait" and slot.reschedule is not None:
+            # The worker's next pass records it (confirming the start first if need be); the
+            # slot is free at once.
+            slot.reschedule(
+                Reschedule(
+                    task=current.task,
+                    state=answer.get("state"),
+                    evidence=poke_evidence(answer),
+                    code_version=code_version,
+                    first_poke_at=_first_poke_at(request),
+                    submitted=submitted,
+                )
+            )
+            return None
         if not slot._await_confirmation(current):  # the start was refused: the attempt is not ours
             if submitted:
                 self._orphaned(current.task, definition, answer.get("state"))
             return None
         task = current.task
-        code_version = outcome.get("code_version") if isinstance(outcome.get("code_version"), str) else None
         if kind == "wait":
             ending = slot._record(
                 task,
@@ -152,6 +174,6 @@ def _owe(slot: Slot, task: ClaimedTask, definition: TaskDef, handle: Any) -> End
         task,
         handle=handle,
         queue=definition.queue,
-        reason="submitted by an attempt that was cancelled or lost before its handle was recorded",
+        reason=ORPHANED_JOB,
     )
     return Ending(applied=True)

@@ -13,7 +13,7 @@ from treadle.domain.dag_version import DagVersion, TaskDef
 from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.datasets import OutletEvent, parse_outlet_events
-from treadle.engine.execution import Ending, complete_attempt, fail_attempt
+from treadle.engine.execution import Ending, Reschedule, complete_attempt, fail_attempt
 from treadle.store.database import Database
 from treadle.worker.attempt_log import AttemptFiles
 from treadle.worker.child_process import ChildImports, ChildProcess
@@ -64,6 +64,7 @@ class Slot(threading.Thread):
         on_fenced: Callable[[ClaimedTask, float], None] | None = None,
         take_next: Callable[[Slot], ClaimedTask | None] | None = None,
         submit: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent], AttemptDetails], None] | None = None,
+        reschedule: Callable[[Reschedule], None] | None = None,
         files: AttemptFiles | None = None,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
@@ -80,6 +81,8 @@ class Slot(threading.Thread):
         #: next pass; the slot is free at once. By default it is recorded here, in its own
         #: transaction, before the slot takes another attempt.
         self.submit = submit or self._complete_alone
+        #: Hands a poke's reschedule to the worker likewise; None: recorded here, on its own.
+        self.reschedule = reschedule
         #: Where attempts keep their logs and run files (None: no log files, temporary manifests).
         self.files = files
         self.child = ChildProcess(imports)

@@ -27,12 +27,15 @@ from treadle.engine.dags import SyncReport, sync_dags, version_of
 from treadle.engine.datasets import OutletEvent
 from treadle.engine.execution import (
     Cycle,
+    Ending,
+    Reschedule,
     Success,
     extend_leases,
     fail_attempt,
     hand_back_attempts,
     work_cycle,
 )
+from treadle.engine.sensing import ORPHANED_JOB, owe_job_cancel
 from treadle.engine.workers import record_worker, touch_worker
 from treadle.store.database import Database, is_transient
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
@@ -88,10 +91,10 @@ class Worker:
         self.prefetch = prefetch
         self.prefetched: collections.deque[ClaimedTask] = collections.deque()
         self._buffer_lock = threading.Lock()
-        #: Successes handed over by slots and not yet committed, by (task instance, attempt):
-        #: the slot is free at once; the dispatch loop records them with its next claim. Their
-        #: leases are renewed until then. Guarded by `_buffer_lock`.
-        self.unrecorded: dict[tuple[int, int], Success] = {}
+        #: Successes and pokes' reschedules handed over by slots and not yet committed, by (task
+        #: instance, attempt): the slot is free at once; the dispatch loop records them with its
+        #: next claim. Their leases are renewed until then. Guarded by `_buffer_lock`.
+        self.unrecorded: dict[tuple[int, int], Success | Reschedule] = {}
         #: Consecutive dispatch round trips that failed (outcomes held meanwhile).
         self.failed_cycles = 0
         #: Where a committed cancellation wakes the worker at once (PostgreSQL's NOTIFY, SQLite's
@@ -171,6 +174,7 @@ class Worker:
                 on_fenced=self._fenced_stop,
                 take_next=self._take_buffered,
                 submit=self._submit_success,
+                reschedule=self._submit_reschedule,
                 files=AttemptFiles.of(self.settings),
             )
             self.slots.append(slot)
@@ -250,14 +254,14 @@ class Worker:
         delay = 0.25
         while not self.stopping.is_set():
             with self._buffer_lock:
-                successes = [self._with_start_time(s) for s in self.unrecorded.values()]
+                successes, pokes = _split([self._with_start_time(s) for s in self.unrecorded.values()])
                 buffered = len(self.prefetched)
                 taken = list(self.starting.values())
             idle = self.idle.qsize()
             starts = min(idle, buffered)
             # Bounded admission: never more than `concurrency` running plus `prefetch` waiting.
             want = (idle - starts) + max(self.prefetch - (buffered - starts), 0) if hungry else 0
-            if not successes and not starts and not want and not taken:
+            if not successes and not pokes and not starts and not want and not taken:
                 self.wake.wait(self.poll_s)
                 self.wake.clear()
                 hungry = True
@@ -268,23 +272,24 @@ class Worker:
                 self.reserved = {(t.task_instance_id, t.attempt) for t in to_start}
             try:
                 cycle = self._cycle(
-                    successes, to_start=to_start, taken=taken, want=want, start_new=idle - starts
+                    successes, pokes, to_start=to_start, taken=taken, want=want, start_new=idle - starts
                 )
             except Exception as exc:
                 with self._buffer_lock:
                     self.reserved = set()
-                self._cycle_failed(exc, successes)
+                self._cycle_failed(exc, successes, pokes)
                 self.stopping.wait(delay)
                 # At least once a heartbeat: held outcomes go in soon after the database is back.
                 delay = min(delay * 2, MAX_CYCLE_RETRY_S, self.settings.heartbeat_s)
                 continue
             delay = 0.25
-            self._apply(cycle, successes, to_start, taken)
-            hungry = len(cycle.claimed) >= want > 0 or bool(successes)
+            self._apply(cycle, successes, pokes, to_start, taken)
+            hungry = len(cycle.claimed) >= want > 0 or bool(successes) or bool(pokes)
 
     def _cycle(
         self,
         successes: list[Success],
+        pokes: list[Reschedule],
         *,
         to_start: list[ClaimedTask],
         want: int,
@@ -295,6 +300,7 @@ class Worker:
         cycle = work_cycle(
             self.db,
             successes=successes,
+            reschedules=pokes,
             start=to_start + (taken or []),
             claim_limit=want,
             claim_start=start_new,
@@ -311,6 +317,7 @@ class Worker:
         self,
         cycle: Cycle,
         successes: list[Success],
+        pokes: list[Reschedule],
         to_start: list[ClaimedTask],
         taken: list[ClaimedTask] | None = None,
     ) -> None:
@@ -322,8 +329,7 @@ class Worker:
         taken = taken or []
         confirmed = cycle.started[len(to_start) :]
         with self._buffer_lock:
-            for item in successes:
-                pair = (item[0].task_instance_id, item[0].attempt)
+            for pair in map(_pair, [*successes, *pokes]):
                 self.unrecorded.pop(pair, None)
                 self.start_times.pop(pair, None)
             for took, started in zip(taken, confirmed, strict=True):
@@ -341,12 +347,12 @@ class Worker:
             self.reserved = set()
         if self.failed_cycles:
             log.info(
-                "held outcomes recorded", extra={"event": "worker.outcome_recorded", "count": len(successes)}
+                "held outcomes recorded",
+                extra={"event": "worker.outcome_recorded", "count": len(successes) + len(pokes)},
             )
             self.failed_cycles = 0
-        for item, ending in zip(successes, cycle.endings, strict=True):
-            if ending.applied:
-                self.leases.forget((item[0].task_instance_id, item[0].attempt))
+        for item, ending in zip([*successes, *pokes], [*cycle.endings, *cycle.rescheduled], strict=True):
+            self._recorded(item, ending)
         self._confirm(taken, confirmed)
         self._forget_start_times()
         for buffered, task in zip(to_start, cycle.started[: len(to_start)], strict=True):
@@ -366,10 +372,32 @@ class Worker:
             if task.started_at is not None:  # started by the claim: at most the idle slots
                 self.idle.get().assign(task)
             else:
-                with self._buffer_lock:
-                    self.prefetched.append(task)
+                self._buffer(task)
 
-    def _cycle_failed(self, exc: Exception, successes: list[Success]) -> None:
+    def _buffer(self, task: ClaimedTask) -> None:
+        """Put a claimed attempt in the buffer: pokes behind every other attempt.
+
+        A sensor's poke is due within its poke interval, not at once: an attempt claimed after a
+        buffer full of pokes still goes to the next free slot before them.
+        """
+        poke = _is_poke(self.version(task.dag_version_id), task)
+        with self._buffer_lock:
+            if poke:
+                self.prefetched.append(task)
+                return
+            # Buffered attempts' versions are cached (looked up as they came in): no query here.
+            cache = self.db.version_cache
+            at = next(
+                (
+                    i
+                    for i, t in enumerate(self.prefetched)
+                    if (v := cache.get(t.dag_version_id)) is not None and _is_poke(v, t)
+                ),
+                len(self.prefetched),
+            )
+            self.prefetched.insert(at, task)
+
+    def _cycle_failed(self, exc: Exception, successes: list[Success], pokes: list[Reschedule]) -> None:
         """A pass did not commit: keep every outcome (backpressure: nothing new is claimed until
         they are recorded); a bad one among several is written alone so it cannot sink the rest."""
         self.failed_cycles += 1
@@ -377,19 +405,22 @@ class Worker:
             "cannot record outcomes or claim yet; holding them and retrying",
             extra={
                 "event": "worker.outcome_held",
-                "held_outcomes": len(successes),
+                "held_outcomes": len(successes) + len(pokes),
                 "failed_passes": self.failed_cycles,
                 "error": str(exc)[:300],
             },
         )
-        if len(successes) > 1 and not is_transient(exc):
-            for item in successes:
+        if len(successes) + len(pokes) > 1 and not is_transient(exc):
+            for item in [*successes, *pokes]:
+                alone = _split([item])
                 try:
-                    self._cycle([item], to_start=[], want=0, start_new=0)
+                    cycle = self._cycle(*alone, to_start=[], want=0, start_new=0)
                 except Exception:
                     continue
                 with self._buffer_lock:
-                    self.unrecorded.pop((item[0].task_instance_id, item[0].attempt), None)
+                    self.unrecorded.pop(_pair(item), None)
+                [ending] = [*cycle.endings, *cycle.rescheduled]
+                self._recorded(item, ending)
 
     def _take_buffered(self, slot: Slot) -> ClaimedTask | None:
         """A slot freed: its next attempt from the buffer, to run at once (see `start_at_once`),
@@ -429,12 +460,14 @@ class Worker:
             for pair in [p for p in self.start_times if p not in self.unrecorded and p not in running]:
                 self.start_times.pop(pair, None)
 
-    def _with_start_time(self, item: Success) -> Success:
-        """A success whose start was confirmed after the slot handed it over, with that time."""
-        task = item[0]
+    def _with_start_time(self, item: Success | Reschedule) -> Success | Reschedule:
+        """An outcome whose start was confirmed after the slot handed it over, with that time."""
+        task = item.task if isinstance(item, Reschedule) else item[0]
         at = self.start_times.get((task.task_instance_id, task.attempt))
         if task.started_at is not None or at is None:
             return item
+        if isinstance(item, Reschedule):
+            return dataclasses.replace(item, task=dataclasses.replace(task, started_at=at))
         return (dataclasses.replace(task, started_at=at), *item[1:])
 
     def _submit_success(
@@ -450,9 +483,40 @@ class Worker:
         # No wake-up here: the slot next takes a buffered attempt or goes idle, and either wakes
         # the dispatch loop, which then sees the success and the free slot in one pass.
 
+    def _submit_reschedule(self, poke: Reschedule) -> None:
+        """A slot's poke asks for another: the next pass records it (the slot is free at once)."""
+        with self._buffer_lock:
+            self.unrecorded[(poke.task.task_instance_id, poke.task.attempt)] = poke
+
+    def _recorded(self, item: Success | Reschedule, ending: Ending) -> None:
+        """A held outcome went in: its lease is no longer renewed; a poke's job whose attempt
+        was no longer ours is owed a cancel."""
+        if ending.applied:
+            self.leases.forget(_pair(item))
+        elif isinstance(item, Reschedule) and item.submitted:
+            self._owe_orphaned_job(item)
+
+    def _owe_orphaned_job(self, poke: Reschedule) -> None:
+        """A poke submitted a job, but its attempt was no longer this worker's when the reschedule
+        was recorded: nobody will poll the job, so a worker must cancel it."""
+        task = poke.task
+        log.warning(
+            "submitted job of a lost attempt; owing its cancel",
+            extra={
+                "event": "job.orphaned",
+                "task_instance_id": task.task_instance_id,
+                "attempt": task.attempt,
+            },
+        )
+        queue = self.version(task.dag_version_id).structure.tasks[task.task_id].queue
+        try:
+            owe_job_cancel(self.db, task, handle=poke.state, queue=queue, reason=ORPHANED_JOB)
+        except Exception:
+            log.exception("could not record the owed cancel", extra={"event": "job.orphaned_error"})
+
     @property
     def holding_outcomes(self) -> int:
-        """Successes waiting to be recorded while passes fail (0 when the database takes them)."""
+        """Outcomes waiting to be recorded while passes fail (0 when the database takes them)."""
         with self._buffer_lock:
             return len(self.unrecorded) if self.failed_cycles else 0
 
@@ -503,18 +567,18 @@ class Worker:
         delay = 0.25
         while True:
             with self._buffer_lock:
-                successes = list(self.unrecorded.values())
-            if not successes:
+                successes, pokes = _split(list(self.unrecorded.values()))
+            if not successes and not pokes:
                 return
             try:
-                cycle = self._cycle(successes, to_start=[], want=0, start_new=0)
+                cycle = self._cycle(successes, pokes, to_start=[], want=0, start_new=0)
             except Exception as exc:
                 if time.monotonic() + delay > deadline:
                     log.error(
                         "outcomes not recorded; the worker is stopping",
                         extra={
                             "event": "worker.outcome_dropped",
-                            "count": len(successes),
+                            "count": len(successes) + len(pokes),
                             "error": str(exc)[:300],
                         },
                     )
@@ -522,7 +586,7 @@ class Worker:
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_CYCLE_RETRY_S)
                 continue
-            self._apply(cycle, successes, [])
+            self._apply(cycle, successes, pokes, [])
 
     def _slot_idle(self, slot: Slot) -> None:
         self.idle.put(slot)
@@ -683,3 +747,19 @@ class Worker:
                     "was": "running" if killed else "buffered",
                 },
             )
+
+
+def _is_poke(version: DagVersion, task: ClaimedTask) -> bool:
+    """Whether the attempt is a sensor's or a submit-then-poll task's poke."""
+    return version.structure.tasks[task.task_id].sensor is not None
+
+
+def _pair(item: Success | Reschedule) -> tuple[int, int]:
+    task = item.task if isinstance(item, Reschedule) else item[0]
+    return task.task_instance_id, task.attempt
+
+
+def _split(items: list[Success | Reschedule]) -> tuple[list[Success], list[Reschedule]]:
+    """Held outcomes as (successes, reschedules), each in the order given."""
+    pokes = [i for i in items if isinstance(i, Reschedule)]
+    return [i for i in items if not isinstance(i, Reschedule)], pokes
