@@ -308,3 +308,50 @@ def test_clear_applies_rules_and_branch_choices_again(db_url: str) -> None:
         assert runner.run_until_done(run_id).results["merge"] == ["fast!", None]
     finally:
         runner.close()
+
+
+@task
+def slow_load() -> str:
+    return "loaded"
+
+
+@task(trigger_rule="all_done")
+def clean_up() -> str:
+    return "cleaned"
+
+
+@task(trigger_rule="none_failed")
+def report() -> str:
+    return "reported"
+
+
+@dag(dag_id="cancel_rules")
+def cancel_rules() -> None:
+    loaded = slow_load()
+    loaded >> [clean_up(), report()]
+    publish = ok()
+    loaded >> publish
+
+
+def test_cancelling_a_task_lets_the_downstream_rules_decide(db_url: str) -> None:
+    from treadle.engine.cancellation import cancel_task
+
+    runner = DagRunner(cancel_rules, database_url=db_url)
+    try:
+        run_id = runner.trigger()
+        cancelled = cancel_task(runner.db, run_id, "slow_load", actor="op", reason="wrong input")
+        assert cancelled.cancelled == ("slow_load",)
+        # all_success and none_failed downstream end upstream_failed; the all_done clean-up runs.
+        assert cancelled.ruled_out == ("ok", "report")
+        result = runner.run_until_done(run_id)
+        assert result.task_states == {
+            "slow_load": "cancelled",
+            "clean_up": "success",
+            "report": "upstream_failed",
+            "ok": "upstream_failed",
+        }
+        assert result.state == "failed"
+        with pytest.raises(InvalidRequest, match="already finished"):
+            cancel_task(runner.db, run_id, "slow_load", actor="op")
+    finally:
+        runner.close()

@@ -86,9 +86,10 @@ def _show(result: cancellation.Cancellation, as_json: bool) -> None:
     if as_json:
         emit_json(result)
         return
+    ruled_out = f"; ended by their trigger rules: {', '.join(result.ruled_out)}" if result.ruled_out else ""
     click.echo(
         f"cancelled {len(result.cancelled)} task instance(s) of {result.run_id}"
-        f" ({len(result.running_killed)} running); run is {result.run_state}"
+        f" ({len(result.running_killed)} running){ruled_out}; run is {result.run_state}"
     )
 
 
@@ -109,5 +110,7 @@ def cancel_run_cmd(ctx: Context, run_id: str, reason: str, as_json: bool) -> Non
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
 def cancel_task_cmd(ctx: Context, run_id: str, task_id: str, reason: str, as_json: bool) -> None:
-    """Cancel one task instance of a run and everything downstream of it."""
+    """Cancel a task of a run (each of its mapped instances); its downstream tasks' trigger
+    rules decide what follows (an all_success task becomes upstream_failed, an all_done
+    clean-up still runs)."""
     _show(cancellation.cancel_task(ctx.db, run_id, task_id, actor=identity(), reason=reason), as_json)

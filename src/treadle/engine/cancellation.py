@@ -1,4 +1,7 @@
-"""Cancelling a run or one task instance: recorded with who asked; running attempts are killed.
+"""Cancelling a run or one task: recorded with who asked; running attempts are killed.
+
+A cancelled task ends like a failure for its downstream: each waiting task's trigger rule decides
+(an `all_success` task becomes upstream_failed, an `all_done` clean-up still runs).
 
 A running attempt's worker learns of the cancel when its lease renewal no longer matches
 (at once where NOTIFY reaches it, at the next heartbeat otherwise), kills the attempt's
@@ -8,13 +11,18 @@ process group and reports nothing; a late report would be discarded by the fence
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, TaskState
+from treadle.domain.trigger_rules import End
+from treadle.engine import propagation
 from treadle.engine.dags import version_of
 from treadle.engine.execution import insert_attempt_record
+from treadle.engine.propagation import Arrival
 from treadle.engine.runs import cancel_run_row, close_run_if_done
 from treadle.engine.sensing import owe_job_cancels
 from treadle.errors import InvalidRequest, RunNotFound
@@ -22,6 +30,9 @@ from treadle.store import audit, dialects
 from treadle.store import cancellation as cancel_store
 from treadle.store import runs as run_store
 from treadle.store.database import Database, db_now
+
+#: The states a trigger rule ends a waiting task in.
+_RULED_OUT = frozenset({TaskState.UPSTREAM_FAILED.value, TaskState.SKIPPED.value})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +43,8 @@ class Cancellation:
     cancelled: tuple[str, ...]
     running_killed: tuple[str, ...]
     run_state: str
+    #: Downstream tasks a task's cancel ended through their trigger rules.
+    ruled_out: tuple[str, ...] = ()
 
 
 def cancel_run(db: Database, run_id: str, *, actor: str, reason: str = "") -> Cancellation:
@@ -40,7 +53,8 @@ def cancel_run(db: Database, run_id: str, *, actor: str, reason: str = "") -> Ca
 
 
 def cancel_task(db: Database, run_id: str, task_id: str, *, actor: str, reason: str = "") -> Cancellation:
-    """Cancel one task instance and everything downstream of it that has not finished."""
+    """Cancel a task's active instances (each mapped one, if it is mapped); its downstream hear
+    of a failed end and their trigger rules decide. The ones the rules end are listed too."""
     return db.transact(lambda conn: _cancel(db, conn, run_id, task_id, actor=actor, reason=reason))
 
 
@@ -57,7 +71,7 @@ def _cancel(
     if task_id is not None:
         if task_id not in version.structure.tasks:
             raise InvalidRequest(f"run {run_id!r} has no task {task_id!r}")
-        targets = [task_id, *version.all_downstream(task_id)]
+        targets = [task_id]
     rows = cancel_store.active_instances(conn, run_id=run_id, task_ids=targets)
     if task_id is not None and not any(r.task_id == task_id for r in rows):
         raise InvalidRequest(f"task {task_id!r} of run {run_id!r} has already finished")
@@ -105,9 +119,11 @@ def _cancel(
             hostname=r.hostname or "",
             error=AttemptError(error_type="Cancelled", message=note, frame="treadle.cancel"),
         )
+    ruled_out: list[str] = []
     if task_id is None:
         cancel_run_row(conn, run_id, now=now)
     else:
+        ruled_out = _propagate(db, conn, version, run_id, task_id, ends=len(rows), now=now)
         close_run_if_done(conn, run_id)
     audit.record(
         conn,
@@ -115,7 +131,7 @@ def _cancel(
         actor=actor,
         action="run.cancelled" if task_id is None else "task.cancelled",
         target=f"run:{run_id}" + (f"/task:{task_id}" if task_id else ""),
-        details={"reason": reason, "cancelled": [r.task_id for r in rows]},
+        details={"reason": reason, "cancelled": [r.task_id for r in rows], "ruled_out": ruled_out},
     )
     if running or owed:
         dialects.notify_cancel(conn)
@@ -125,4 +141,26 @@ def _cancel(
         cancelled=tuple(r.task_id for r in rows),
         running_killed=tuple(r.task_id for r in running),
         run_state=state.state if state else run.state,
+        ruled_out=tuple(ruled_out),
     )
+
+
+def _propagate(
+    db: Database,
+    conn: Connection,
+    version: DagVersion,
+    run_id: str,
+    task_id: str,
+    *,
+    ends: int,
+    now: datetime,
+) -> list[str]:
+    """Send one failed end per cancelled instance to the task's downstream and let their rules
+    decide; returns the downstream tasks that ended because of it (upstream_failed or skipped)."""
+    downstream = sorted(version.all_downstream(task_id))
+    before = cancel_store.task_states(conn, run_id=run_id, task_ids=downstream)
+    follow = [Arrival(version.id, run_id, d, End.FAILED, n=ends) for d in version.downstream[task_id]]
+    if propagation.deliver(db, conn, follow, now=now).queues:
+        dialects.notify_ready(conn)
+    ended = cancel_store.task_states(conn, run_id=run_id, task_ids=downstream) - before
+    return sorted({t for t, state in ended if state in _RULED_OUT})

@@ -28,6 +28,14 @@ def active_instances(conn: Connection, *, run_id: str, task_ids: list[str] | Non
     return [ActiveInstance(**r._mapping) for r in rows]
 
 
+def task_states(conn: Connection, *, run_id: str, task_ids: list[str]) -> set[tuple[str, str]]:
+    """The (task, state) pairs of the given tasks' instances in a run."""
+    if not task_ids:
+        return set()
+    stmt = sa.select(ti.c.task_id, ti.c.state).where(ti.c.run_id == run_id, ti.c.task_id.in_(task_ids))
+    return {(r.task_id, r.state) for r in conn.execute(stmt)}
+
+
 def cancel_instances(conn: Connection, *, ids: list[int], now: datetime) -> int:
     """Move the given task instances to cancelled if they are still active."""
     if not ids:
