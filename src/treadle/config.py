@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from treadle.domain.admission import AdmissionLimits
 from treadle.domain.commands import parse_allowlist
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
@@ -65,6 +66,15 @@ class Settings:
     log_max_bytes: int = 200 * MIB
     #: Programs command tasks may run (absolute paths or file names, globs); empty: any.
     command_allowlist: tuple[str, ...] = ()
+    #: Most queued task instances in one queue; new work past it is refused (0: no limit).
+    max_queued_per_queue: int = 0
+    #: Most queued task instances of one DAG; new work past it is refused (0: no limit).
+    max_queued_per_dag: int = 0
+
+    @property
+    def admission_limits(self) -> AdmissionLimits:
+        """The limits a trigger, a backfill or a dataset run must fit in."""
+        return AdmissionLimits(per_queue=self.max_queued_per_queue, per_dag=self.max_queued_per_dag)
 
     @property
     def logs_dir(self) -> Path:
@@ -186,6 +196,24 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
     _spec("TREADLE_MAX_MAP_LENGTH", "max_map_length", 1, 1_000_000, "instances", is_integer=True),
     _spec("TREADLE_LOG_MAX_BYTES", "log_max_bytes", 1024, 1024**4, "bytes", note="1 TiB", is_integer=True),
+    _spec(
+        "TREADLE_MAX_QUEUED_PER_QUEUE",
+        "max_queued_per_queue",
+        0,
+        100_000_000,
+        "task instances",
+        note="0: no limit",
+        is_integer=True,
+    ),
+    _spec(
+        "TREADLE_MAX_QUEUED_PER_DAG",
+        "max_queued_per_dag",
+        0,
+        100_000_000,
+        "task instances",
+        note="0: no limit",
+        is_integer=True,
+    ),
 )
 
 

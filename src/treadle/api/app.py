@@ -15,6 +15,7 @@ from treadle.api.guard import API, Guard
 from treadle.api.routes import accounts, dags, health, operations, runs
 from treadle.api.sessions import SessionCodec
 from treadle.api.settings import ApiSettings
+from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.store.database import Database
 
 
@@ -25,11 +26,13 @@ def create_app(
     secret_key: str,
     worker_stale_s: float = 30.0,
     queue_timeout_s: float = 600.0,
+    admission: AdmissionLimits = NO_LIMITS,
 ) -> FastAPI:
     """A FastAPI app serving treadle's REST API on `db`.
 
     `secret_key` signs session cookies; `worker_stale_s` (the lease) is how long a silent worker
-    counts as live; `queue_timeout_s` is the deployment's default for triggered runs.
+    counts as live; `queue_timeout_s` is the deployment's default for triggered runs;
+    `admission` limits the queued task instances a trigger or a backfill may add to.
     """
     app = FastAPI(
         title="treadle",
@@ -43,6 +46,7 @@ def create_app(
     app.state.codec = SessionCodec(secret_key, max_age_s=settings.session_hours * 3600)
     app.state.worker_stale_s = worker_stale_s
     app.state.queue_timeout_s = queue_timeout_s
+    app.state.admission = admission
     problems.install(app)
     # The routes go straight into the app's table (not include_router, which newer FastAPI
     # resolves lazily): the route inventory test and the guard see one flat list.

@@ -20,6 +20,7 @@ from treadle.errors import (
     DatabaseUnavailable,
     InvalidRequest,
     NotAuthenticated,
+    Overloaded,
     ParamsInvalid,
     PasswordChangeRequired,
     PermissionDenied,
@@ -39,6 +40,7 @@ STATUS: dict[type[TreadleError], tuple[int, str]] = {
     PermissionDenied: (403, "Forbidden"),
     PasswordChangeRequired: (403, "Password change required"),
     TooManyAttempts: (429, "Too many attempts"),
+    Overloaded: (429, "Overloaded"),
     AccountNotFound: (404, "Not found"),
     DagNotFound: (404, "DAG not found"),
     RunNotFound: (404, "Run not found"),
@@ -70,10 +72,19 @@ def for_error(exc: TreadleError) -> JSONResponse:
             {"field": f"conf{v.path[1:] if v.path.startswith('$') else v.path}", "message": v.message}
             for v in exc.violations
         ]
+    if isinstance(exc, Overloaded):
+        extra["limit"] = {
+            "setting": exc.setting,
+            "value": exc.limit,
+            "scope": exc.scope,
+            "name": exc.name,
+            "queued": exc.queued,
+            "adding": exc.adding,
+        }
     if isinstance(exc, PasswordChangeRequired):
         extra["password_change"] = "/api/v1/auth/password"
     response = problem(status, title, str(exc) if status != 500 else "internal error", **extra)
-    if isinstance(exc, TooManyAttempts):
+    if isinstance(exc, TooManyAttempts | Overloaded):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 

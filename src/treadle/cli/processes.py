@@ -195,6 +195,7 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         default_queue_timeout_s=ctx.settings.queue_timeout_s,
         max_skew_s=ctx.settings.max_clock_skew_s,
         default_task_timeout_s=ctx.settings.default_task_timeout_s,
+        admission=ctx.settings.admission_limits,
     )
 
 

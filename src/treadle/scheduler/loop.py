@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import timedelta
 
+from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.datasets import trigger_dataset_runs
@@ -80,8 +81,11 @@ class Scheduler:
         holder: str | None = None,
         on_pruned: Callable[[list[str]], object] | None = None,
         default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
+        admission: AdmissionLimits = NO_LIMITS,
     ) -> None:
         self.db = db
+        #: Limits on queued task instances a dataset run must fit in (else it waits).
+        self.admission = admission
         #: Deletes the files of runs that retention pruned (given by the process that knows where).
         self.on_pruned = on_pruned
         self.tick_s = tick_s
@@ -185,6 +189,7 @@ class Scheduler:
             epoch=epoch,
             default_queue_timeout_s=self.default_queue_timeout_s,
             default_task_timeout_s=self.default_task_timeout_s,
+            admission=self.admission,
         )
         return {"dataset_runs": created}
 
