@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from treadle.errors import (
     AccountConflict,
     AccountNotFound,
+    AttemptLogMissing,
     BackfillConflict,
     ClearConflict,
     ConfigError,
@@ -45,6 +46,7 @@ STATUS: dict[type[TreadleError], tuple[int, str]] = {
     DagNotFound: (404, "DAG not found"),
     RunNotFound: (404, "Run not found"),
     TaskInstanceNotFound: (404, "Task instance not found"),
+    AttemptLogMissing: (404, "Log not found"),
     AccountConflict: (409, "Conflict"),
     ClearConflict: (409, "Conflict"),
     BackfillConflict: (409, "Conflict"),

@@ -335,7 +335,9 @@ def _get(conn: Connection, backfill_id: int, *, lock: bool = False) -> BackfillI
     return found
 
 
-def set_backfill_paused(db: Database, backfill_id: int, *, paused: bool, actor: str) -> bool:
+def set_backfill_paused(
+    db: Database, backfill_id: int, *, paused: bool, actor: str, address: str | None = None
+) -> bool:
     """Pause (no new runs; active ones go on) or unpause a backfill; False if it already was so.
 
     Raises InvalidRequest for an unknown backfill or one that has ended (done or cancelled).
@@ -357,6 +359,7 @@ def set_backfill_paused(db: Database, backfill_id: int, *, paused: bool, actor: 
             actor=actor,
             action="backfill.pause" if paused else "backfill.unpause",
             target=f"backfill:{backfill_id}",
+            address=address,
         )
         if not paused:
             dialects.notify_scheduler(conn)
@@ -365,7 +368,9 @@ def set_backfill_paused(db: Database, backfill_id: int, *, paused: bool, actor: 
     return db.transact(work)
 
 
-def cancel_backfill(db: Database, backfill_id: int, *, actor: str, reason: str = "") -> BackfillCancellation:
+def cancel_backfill(
+    db: Database, backfill_id: int, *, actor: str, reason: str = "", address: str | None = None
+) -> BackfillCancellation:
     """Cancel a backfill (no new runs), then cancel its queued and running runs.
 
     The backfill is cancelled first, in its own transaction, so the drain starts nothing more;
@@ -390,6 +395,7 @@ def cancel_backfill(db: Database, backfill_id: int, *, actor: str, reason: str =
             action="backfill.cancel",
             target=f"backfill:{backfill_id}",
             details={"reason": reason},
+            address=address,
         )
         return True
 
