@@ -44,6 +44,8 @@ class Settings:
     queue_timeout_s: float = 600.0
     #: Finished runs (with their attempts, results) older than this are pruned; 0 keeps all.
     retention_days: float = 0.0
+    #: Audit entries older than this are pruned; 0 keeps the whole audit log. Not below retention_days.
+    audit_retention_days: float = 0.0
     #: On SIGTERM, how long running attempts may finish before they are handed back.
     shutdown_grace_s: float = 30.0
     #: Lease of the scheduler leader (database clock); a standby takes over within about this.
@@ -136,6 +138,12 @@ class Settings:
                 f"TREADLE_LEASE_SECONDS ({self.lease_s}) must be at least 3 x "
                 f"TREADLE_HEARTBEAT_SECONDS ({self.heartbeat_s}) so a slow heartbeat is not a death"
             )
+        if 0 < self.audit_retention_days < self.retention_days:
+            raise ConfigError(
+                f"TREADLE_AUDIT_RETENTION_DAYS ({self.audit_retention_days}) must be 0 (keep the whole "
+                f"audit log) or at least TREADLE_RETENTION_DAYS ({self.retention_days}): an audit entry "
+                "outlives the history it describes"
+            )
         if self.max_clock_skew_s >= self.scheduler_lease_s:
             raise ConfigError(
                 f"TREADLE_MAX_CLOCK_SKEW_SECONDS ({self.max_clock_skew_s}) must be below "
@@ -189,6 +197,14 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     ),
     _spec("TREADLE_QUEUE_TIMEOUT_SECONDS", "queue_timeout_s", 1, 30 * DAY_S, note="30 days"),
     _spec("TREADLE_RETENTION_DAYS", "retention_days", 0, 36500, "days", note="0 keeps everything"),
+    _spec(
+        "TREADLE_AUDIT_RETENTION_DAYS",
+        "audit_retention_days",
+        0,
+        36500,
+        "days",
+        note="0 keeps the whole audit log",
+    ),
     _spec("TREADLE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_s", 0, 3600),
     _spec("TREADLE_SCHEDULER_LEASE_SECONDS", "scheduler_lease_s", 1, 600),
     _spec("TREADLE_MAX_CLOCK_SKEW_SECONDS", "max_clock_skew_s", 0.01, 600, note="below the scheduler lease"),

@@ -187,6 +187,7 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         db,
         tick_s=ctx.settings.scheduler_tick_s,
         retention_days=ctx.settings.retention_days,
+        audit_retention_days=ctx.settings.audit_retention_days,
         on_pruned=functools.partial(
             delete_run_files, ctx.settings.home, artifacts_url=ctx.settings.artifacts_url
         ),
