@@ -54,6 +54,7 @@ def create_app(
     app.state.logs_dir = logs_dir
     app.state.backfill_max_span_days = backfill_max_span_days
     problems.install(app)
+    problems.document(app)
     # The routes go straight into the app's table (not include_router, which newer FastAPI
     # resolves lazily): the route inventory test and the guard see one flat list.
     for module in (health, accounts, dags, runs, operations, logs, backfills):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from treadle.api.deps import authorize, get_db, require
 from treadle.api.guard import API, Caller
 from treadle.api.routes.dags import dag_or_404
-from treadle.api.schemas import Reason, Strict
+from treadle.api.schemas import Reason, RowId, Strict
 from treadle.domain.access import Action
 from treadle.domain.backfill_plan import BackfillPlan
 from treadle.engine import backfill_actions
@@ -118,7 +118,7 @@ def _set_paused(db: Database, caller: Caller, backfill_id: int, *, paused: bool)
 
 @router.post("/backfills/{backfill_id}/pause", response_model=BackfillChange)
 def pause(
-    backfill_id: int, db: Db, caller: Annotated[Caller, require(Action.RUN_BACKFILL)]
+    backfill_id: RowId, db: Db, caller: Annotated[Caller, require(Action.RUN_BACKFILL)]
 ) -> BackfillChange:
     """Pause a backfill: no new runs; its active runs go on."""
     return _set_paused(db, caller, backfill_id, paused=True)
@@ -126,7 +126,7 @@ def pause(
 
 @router.post("/backfills/{backfill_id}/unpause", response_model=BackfillChange)
 def unpause(
-    backfill_id: int, db: Db, caller: Annotated[Caller, require(Action.RUN_BACKFILL)]
+    backfill_id: RowId, db: Db, caller: Annotated[Caller, require(Action.RUN_BACKFILL)]
 ) -> BackfillChange:
     """Let a paused backfill start runs again."""
     return _set_paused(db, caller, backfill_id, paused=False)
@@ -134,7 +134,7 @@ def unpause(
 
 @router.post("/backfills/{backfill_id}/cancel", response_model=BackfillCancellation)
 def cancel(
-    backfill_id: int,
+    backfill_id: RowId,
     body: CancelBackfill,
     db: Db,
     caller: Annotated[Caller, require(Action.RUN_BACKFILL)],
