@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from treadle.domain.admission import AdmissionLimits
 from treadle.domain.commands import parse_allowlist
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
@@ -43,6 +44,8 @@ class Settings:
     queue_timeout_s: float = 600.0
     #: Finished runs (with their attempts, results) older than this are pruned; 0 keeps all.
     retention_days: float = 0.0
+    #: Audit entries older than this are pruned; 0 keeps the whole audit log. Not below retention_days.
+    audit_retention_days: float = 0.0
     #: On SIGTERM, how long running attempts may finish before they are handed back.
     shutdown_grace_s: float = 30.0
     #: Lease of the scheduler leader (database clock); a standby takes over within about this.
@@ -65,6 +68,15 @@ class Settings:
     log_max_bytes: int = 200 * MIB
     #: Programs command tasks may run (absolute paths or file names, globs); empty: any.
     command_allowlist: tuple[str, ...] = ()
+    #: Most queued task instances in one queue; new work past it is refused (0: no limit).
+    max_queued_per_queue: int = 0
+    #: Most queued task instances of one DAG; new work past it is refused (0: no limit).
+    max_queued_per_dag: int = 0
+
+    @property
+    def admission_limits(self) -> AdmissionLimits:
+        """The limits a trigger, a backfill or a dataset run must fit in."""
+        return AdmissionLimits(per_queue=self.max_queued_per_queue, per_dag=self.max_queued_per_dag)
 
     @property
     def logs_dir(self) -> Path:
@@ -126,6 +138,12 @@ class Settings:
                 f"TREADLE_LEASE_SECONDS ({self.lease_s}) must be at least 3 x "
                 f"TREADLE_HEARTBEAT_SECONDS ({self.heartbeat_s}) so a slow heartbeat is not a death"
             )
+        if 0 < self.audit_retention_days < self.retention_days:
+            raise ConfigError(
+                f"TREADLE_AUDIT_RETENTION_DAYS ({self.audit_retention_days}) must be 0 (keep the whole "
+                f"audit log) or at least TREADLE_RETENTION_DAYS ({self.retention_days}): an audit entry "
+                "outlives the history it describes"
+            )
         if self.max_clock_skew_s >= self.scheduler_lease_s:
             raise ConfigError(
                 f"TREADLE_MAX_CLOCK_SKEW_SECONDS ({self.max_clock_skew_s}) must be below "
@@ -179,6 +197,14 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     ),
     _spec("TREADLE_QUEUE_TIMEOUT_SECONDS", "queue_timeout_s", 1, 30 * DAY_S, note="30 days"),
     _spec("TREADLE_RETENTION_DAYS", "retention_days", 0, 36500, "days", note="0 keeps everything"),
+    _spec(
+        "TREADLE_AUDIT_RETENTION_DAYS",
+        "audit_retention_days",
+        0,
+        36500,
+        "days",
+        note="0 keeps the whole audit log",
+    ),
     _spec("TREADLE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_s", 0, 3600),
     _spec("TREADLE_SCHEDULER_LEASE_SECONDS", "scheduler_lease_s", 1, 600),
     _spec("TREADLE_MAX_CLOCK_SKEW_SECONDS", "max_clock_skew_s", 0.01, 600, note="below the scheduler lease"),
@@ -186,6 +212,24 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
     _spec("TREADLE_MAX_MAP_LENGTH", "max_map_length", 1, 1_000_000, "instances", is_integer=True),
     _spec("TREADLE_LOG_MAX_BYTES", "log_max_bytes", 1024, 1024**4, "bytes", note="1 TiB", is_integer=True),
+    _spec(
+        "TREADLE_MAX_QUEUED_PER_QUEUE",
+        "max_queued_per_queue",
+        0,
+        100_000_000,
+        "task instances",
+        note="0: no limit",
+        is_integer=True,
+    ),
+    _spec(
+        "TREADLE_MAX_QUEUED_PER_DAG",
+        "max_queued_per_dag",
+        0,
+        100_000_000,
+        "task instances",
+        note="0: no limit",
+        is_integer=True,
+    ),
 )
 
 

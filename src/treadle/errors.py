@@ -24,6 +24,7 @@ TreadleError
 ├── PermissionDenied       the caller's role in the object's team does not allow the action
 │   └── PasswordChangeRequired  the account must change its password before anything else
 ├── TooManyAttempts        too many failed logins for a user or from an address (retry_after_s)
+├── Overloaded             admission control refused new work: a queued limit (setting, limit, retry_after_s)
 ├── AccountNotFound        no user, team or token by that name or id
 └── AccountConflict        a user or team by that name exists already
 
@@ -252,6 +253,34 @@ class TooManyAttempts(TreadleError):
     def __init__(self, message: str | None = None, *, retry_after_s: int) -> None:
         self.retry_after_s = retry_after_s
         super().__init__(message or f"too many failed logins; try again in {retry_after_s} s")
+
+
+class Overloaded(TreadleError):
+    """Refused: the work would exceed a limit on queued task instances; try again later."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        setting: str,
+        limit: int,
+        scope: str,
+        name: str,
+        queued: int,
+        adding: int,
+        retry_after_s: int,
+    ) -> None:
+        #: The setting holding the limit that was hit.
+        self.setting = setting
+        self.limit = limit
+        #: "queue" or "dag", and the queue's or the DAG's name.
+        self.scope = scope
+        self.name = name
+        #: Queued there now, and what the refused work would have added.
+        self.queued = queued
+        self.adding = adding
+        self.retry_after_s = retry_after_s
+        super().__init__(message or f"overloaded: {setting} ({limit}) would be exceeded in {scope} {name!r}")
 
 
 class AccountNotFound(TreadleError):

@@ -177,7 +177,7 @@ def test_old_finished_runs_go_with_all_their_rows_and_the_rest_stays(
     # four_steps maps nothing, so it has no task_map_items rows (their pruning: test_mapping.py).
     assert all(n > 0 for t, n in history.old_rows.items() if t != "task_map_items"), history.old_rows
 
-    report = prune(db, older_than=timedelta(days=1))
+    report = prune(db, older_than=timedelta(days=1), audit_older_than=timedelta(days=1))
 
     assert not report.dry_run
     assert report.rows.by_table() == {**history.old_rows, "audit_log": 1, "workers": 2}
@@ -198,11 +198,11 @@ def test_dry_run_deletes_nothing_and_counts_what_a_prune_deletes(runner: DagRunn
     db = runner.db
     before = all_rows(db)
 
-    dry = prune(db, older_than=timedelta(days=1), dry_run=True)
+    dry = prune(db, older_than=timedelta(days=1), audit_older_than=timedelta(days=1), dry_run=True)
 
     assert dry.dry_run and dry.batches == 0 and not dry.deleted_anything
     assert all_rows(db) == before
-    real = prune(db, older_than=timedelta(days=1))
+    real = prune(db, older_than=timedelta(days=1), audit_older_than=timedelta(days=1))
     assert real.deleted_anything
     assert dry.rows == real.rows
     assert dry.rows.by_table() == {**history.old_rows, "audit_log": 1, "workers": 2}
@@ -236,6 +236,50 @@ def test_max_batches_stops_after_one_batch(runner: DagRunner) -> None:
     assert (report.batches, report.rows.dag_runs) == (1, 2)
     # The oldest go first.
     assert rows_of(db, old)["dag_runs"] == 1
+
+
+def _audit_entries(db: Database) -> list[tuple[object, ...]]:
+    with db.read() as conn:
+        return [tuple(r) for r in conn.execute(sa.select(audit_log).order_by(audit_log.c.id))]
+
+
+def test_the_audit_log_is_kept_unless_its_own_longer_retention_is_given(
+    runner: DagRunner, history: History
+) -> None:
+    db = runner.db
+    add_audit_entry(db, at=db.query(db_now) - timedelta(days=10), action="ten days old")
+    before = _audit_entries(db)
+
+    runs_only = prune(db, older_than=timedelta(days=1))
+
+    assert runs_only.rows.dag_runs == 3 and runs_only.rows.audit_log == 0
+    assert runs_only.audit_cutoff is None
+    assert _audit_entries(db) == before  # not one entry deleted or changed
+
+    with pytest.raises(InvalidRequest, match="may not be shorter"):
+        prune(db, older_than=timedelta(days=30), audit_older_than=timedelta(days=1))
+
+    audit_only = prune(db, older_than=None, audit_older_than=timedelta(days=30))
+
+    assert audit_only.rows.by_table() == {**dict.fromkeys(history.old_rows, 0), "audit_log": 1, "workers": 0}
+    after = _audit_entries(db)
+    # Only the entry older than 30 days went; every other entry is exactly as it was.
+    assert [e for e in before if e not in after] == [next(e for e in before if e[3] == "old")]
+    assert all(e in before for e in after)
+
+
+def test_the_scheduler_prunes_the_audit_log_on_its_own_retention(runner: DagRunner) -> None:
+    db = runner.db
+    old = finished_runs(runner, 1)
+    set_run(db, old, ended_at=LONG_AGO)
+    add_audit_entry(db, at=LONG_AGO, action="old")
+    scheduler = Scheduler(db, tick_s=0.1, retention_days=30, audit_retention_days=3650)
+
+    report = scheduler.prune_step()
+
+    assert report is not None and report.rows.dag_runs == 1 and report.rows.audit_log == 0
+    assert report.audit_cutoff is not None
+    assert "old" in [e[3] for e in _audit_entries(db)]
 
 
 @pytest.mark.parametrize("age", [timedelta(0), timedelta(days=-1)])

@@ -117,6 +117,27 @@ def test_clock_skew_must_be_below_the_scheduler_lease() -> None:
     )
 
 
+def test_the_audit_log_is_kept_at_least_as_long_as_the_history() -> None:
+    error = _refusal(TREADLE_RETENTION_DAYS="90", TREADLE_AUDIT_RETENTION_DAYS="30")
+    assert "TREADLE_AUDIT_RETENTION_DAYS (30.0) must be 0" in str(error)
+    assert "at least TREADLE_RETENTION_DAYS (90.0)" in str(error)
+    kept = Settings.from_env({**BASE, "TREADLE_RETENTION_DAYS": "90"})
+    assert kept.audit_retention_days == 0  # default: the whole audit log is kept
+    longer = Settings.from_env(
+        {**BASE, "TREADLE_RETENTION_DAYS": "90", "TREADLE_AUDIT_RETENTION_DAYS": "400"}
+    )
+    assert longer.audit_retention_days == 400
+
+
+def test_admission_limits_are_off_by_default_and_read_as_whole_numbers() -> None:
+    assert Settings.from_env(BASE).admission_limits.is_off
+    limits = Settings.from_env(
+        {**BASE, "TREADLE_MAX_QUEUED_PER_QUEUE": "500", "TREADLE_MAX_QUEUED_PER_DAG": "50"}
+    ).admission_limits
+    assert (limits.per_queue, limits.per_dag, limits.is_off) == (500, 50, False)
+    assert "whole number" in str(_refusal(TREADLE_MAX_QUEUED_PER_DAG="2.5"))
+
+
 def test_default_clock_skew_follows_a_short_scheduler_lease() -> None:
     assert Settings.from_env({**BASE, "TREADLE_SCHEDULER_LEASE_SECONDS": "2"}).max_clock_skew_s == 1.0
     assert Settings.from_env({**BASE, "TREADLE_SCHEDULER_LEASE_SECONDS": "60"}).max_clock_skew_s == 2.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -12,9 +13,10 @@ from fastapi.responses import HTMLResponse
 
 from treadle.api import problems
 from treadle.api.guard import API, Guard
-from treadle.api.routes import accounts, dags, health, operations, runs
+from treadle.api.routes import accounts, backfills, dags, health, logs, operations, runs
 from treadle.api.sessions import SessionCodec
 from treadle.api.settings import ApiSettings
+from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.store.database import Database
 
 
@@ -25,11 +27,16 @@ def create_app(
     secret_key: str,
     worker_stale_s: float = 30.0,
     queue_timeout_s: float = 600.0,
+    admission: AdmissionLimits = NO_LIMITS,
+    logs_dir: Path | None = None,
+    backfill_max_span_days: float = 366.0,
 ) -> FastAPI:
     """A FastAPI app serving treadle's REST API on `db`.
 
     `secret_key` signs session cookies; `worker_stale_s` (the lease) is how long a silent worker
-    counts as live; `queue_timeout_s` is the deployment's default for triggered runs.
+    counts as live; `queue_timeout_s` is the deployment's default for triggered runs;
+    `admission` limits the queued task instances a trigger or a backfill may add to;
+    `logs_dir` is where attempt logs of this host are (None: no logs served).
     """
     app = FastAPI(
         title="treadle",
@@ -43,10 +50,14 @@ def create_app(
     app.state.codec = SessionCodec(secret_key, max_age_s=settings.session_hours * 3600)
     app.state.worker_stale_s = worker_stale_s
     app.state.queue_timeout_s = queue_timeout_s
+    app.state.admission = admission
+    app.state.logs_dir = logs_dir
+    app.state.backfill_max_span_days = backfill_max_span_days
     problems.install(app)
+    problems.document(app)
     # The routes go straight into the app's table (not include_router, which newer FastAPI
     # resolves lazily): the route inventory test and the guard see one flat list.
-    for module in (health, accounts, dags, runs, operations):
+    for module in (health, accounts, dags, runs, operations, logs, backfills):
         app.router.routes.extend(module.router.routes)
     app.add_api_route(f"{API}/docs", _docs, include_in_schema=False, methods=["GET"])
     app.add_middleware(Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes)

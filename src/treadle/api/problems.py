@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from treadle.errors import (
     AccountConflict,
     AccountNotFound,
+    AttemptLogMissing,
     BackfillConflict,
     ClearConflict,
     ConfigError,
@@ -20,6 +21,7 @@ from treadle.errors import (
     DatabaseUnavailable,
     InvalidRequest,
     NotAuthenticated,
+    Overloaded,
     ParamsInvalid,
     PasswordChangeRequired,
     PermissionDenied,
@@ -39,10 +41,12 @@ STATUS: dict[type[TreadleError], tuple[int, str]] = {
     PermissionDenied: (403, "Forbidden"),
     PasswordChangeRequired: (403, "Password change required"),
     TooManyAttempts: (429, "Too many attempts"),
+    Overloaded: (429, "Overloaded"),
     AccountNotFound: (404, "Not found"),
     DagNotFound: (404, "DAG not found"),
     RunNotFound: (404, "Run not found"),
     TaskInstanceNotFound: (404, "Task instance not found"),
+    AttemptLogMissing: (404, "Log not found"),
     AccountConflict: (409, "Conflict"),
     ClearConflict: (409, "Conflict"),
     BackfillConflict: (409, "Conflict"),
@@ -70,10 +74,19 @@ def for_error(exc: TreadleError) -> JSONResponse:
             {"field": f"conf{v.path[1:] if v.path.startswith('$') else v.path}", "message": v.message}
             for v in exc.violations
         ]
+    if isinstance(exc, Overloaded):
+        extra["limit"] = {
+            "setting": exc.setting,
+            "value": exc.limit,
+            "scope": exc.scope,
+            "name": exc.name,
+            "queued": exc.queued,
+            "adding": exc.adding,
+        }
     if isinstance(exc, PasswordChangeRequired):
         extra["password_change"] = "/api/v1/auth/password"
     response = problem(status, title, str(exc) if status != 500 else "internal error", **extra)
-    if isinstance(exc, TooManyAttempts):
+    if isinstance(exc, TooManyAttempts | Overloaded):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 
@@ -107,3 +120,56 @@ def install(app: FastAPI) -> None:
             extra={"event": "api.error", "path": request.url.path},
         )
         return problem(500, "Internal error", "internal error")
+
+
+#: The JSON Schema of every error body (RFC 9457 plus treadle's extension members).
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "type": "object",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["field", "message"],
+                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+        "limit": {"type": "object"},
+        "password_change": {"type": "string"},
+    },
+}
+
+
+def document(app: FastAPI) -> None:
+    """Describe the error bodies as they are: problem+json (FastAPI documents its own 422 shape).
+
+    Every operation's 422 and its `default` response point at the Problem schema, so a client
+    (or schemathesis) can check any error answer against the document.
+    """
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = build()
+        components = doc.setdefault("components", {}).setdefault("schemas", {})
+        components["Problem"] = PROBLEM_SCHEMA
+        for path in doc.get("paths", {}).values():
+            for operation in path.values():
+                responses = operation.setdefault("responses", {})
+                error = {"content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+                responses["default"] = {"description": "An error (RFC 9457 problem+json)", **error}
+                if "422" in responses:
+                    responses["422"] = {"description": "Invalid request: every field at fault", **error}
+        for unused in ("HTTPValidationError", "ValidationError"):
+            components.pop(unused, None)
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

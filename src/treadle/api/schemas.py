@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.domain.access import AuditEntry, Role
@@ -18,6 +19,10 @@ Identifier = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,250}$", max_length
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,100}$", max_length=100)]
 Password = Annotated[str, Field(min_length=1, max_length=1024)]
 Reason = Annotated[str, Field(max_length=2000)]
+#: Ids in path parameters, bounded by their column (INTEGER / BIGINT): a larger number is a 422
+#: naming the parameter, not a database error.
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+BigRowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 class Strict(BaseModel):

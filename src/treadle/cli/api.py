@@ -77,6 +77,9 @@ def build_app(ctx: Context, *, host: str) -> FastAPI:
         secret_key=key,
         worker_stale_s=settings.lease_s,
         queue_timeout_s=settings.queue_timeout_s,
+        admission=settings.admission_limits,
+        logs_dir=settings.logs_dir,
+        backfill_max_span_days=settings.backfill_max_span_days,
     )
 
 

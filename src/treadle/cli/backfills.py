@@ -90,6 +90,7 @@ def backfill_cmd(
         mode=mode,
         rerun=rerun,
         max_span_days=ctx.settings.backfill_max_span_days,
+        admission=ctx.settings.admission_limits,
     )
     if as_json:
         emit_json(info)

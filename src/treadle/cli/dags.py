@@ -143,6 +143,7 @@ def trigger_cmd(ctx: Context, dag_id: str, conf: str, as_json: bool) -> None:
         triggered_by=identity(),
         default_queue_timeout_s=ctx.settings.queue_timeout_s,
         default_task_timeout_s=ctx.settings.default_task_timeout_s,
+        admission=ctx.settings.admission_limits,
     )
     if as_json:
         emit_json(queries.run_for_operators(ctx.db, run))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from datetime import timedelta
 
 import click
 
@@ -50,6 +51,14 @@ def check(ctx: Context) -> None:
     metavar="AGE",
     help=f"Prune finished history older than AGE: {ACCEPTED_FORMS}.",
 )
+@click.option(
+    "--audit-older-than",
+    "audit_older_than",
+    default=None,
+    metavar="AGE",
+    help="Prune audit entries older than AGE (at least --older-than) [TREADLE_AUDIT_RETENTION_DAYS; "
+    "unset: the audit log is kept].",
+)
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @click.option(
     "--batch-runs",
@@ -60,17 +69,24 @@ def check(ctx: Context) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
-def prune(ctx: Context, older_than: str, dry_run: bool, batch_runs: int, as_json: bool) -> None:
-    """Delete finished runs (with their attempts and results), audit entries and gone workers.
+def prune(
+    ctx: Context, older_than: str, audit_older_than: str | None, dry_run: bool, batch_runs: int, as_json: bool
+) -> None:
+    """Delete finished runs (with their attempts and results) and gone workers; audit entries
+    only past the audit log's own, longer retention.
 
     Only runs that ended (success, failed, cancelled) before the cutoff are deleted; the cutoff
     is the database's clock minus AGE. Deletion goes in small batches, one transaction each.
+    Audit entries are deleted whole, never edited.
     """
     # Parsed before connecting, so a typo is reported even when the database is down.
     age = parse_duration(older_than)
+    audit_age = _audit_age(ctx, audit_older_than)
+    retention.check_ages(age, audit_age)
     report = retention.prune(
         ctx.db,
         older_than=age,
+        audit_older_than=audit_age,
         dry_run=dry_run,
         batch_runs=batch_runs,
         on_deleted=functools.partial(
@@ -84,8 +100,20 @@ def prune(ctx: Context, older_than: str, dry_run: bool, batch_runs: int, as_json
         emit_json(report)
         return
     click.echo(f"cutoff {fmt_time(report.cutoff)} UTC (database time minus {older_than})")
+    if report.audit_cutoff is None:
+        click.echo("audit log kept (no --audit-older-than, TREADLE_AUDIT_RETENTION_DAYS unset)")
+    else:
+        click.echo(f"audit entries before {fmt_time(report.audit_cutoff)} UTC")
     table(
         "Would delete (dry run)" if dry_run else f"Deleted in {report.batches} batches",
         ["table", "rows"],
         [*report.rows.by_table().items(), ("total", report.rows.total)],
     )
+
+
+def _audit_age(ctx: Context, audit_older_than: str | None) -> timedelta | None:
+    """--audit-older-than, else TREADLE_AUDIT_RETENTION_DAYS (None: the audit log is kept)."""
+    if audit_older_than is not None:
+        return parse_duration(audit_older_than)
+    days = ctx.settings.audit_retention_days
+    return timedelta(days=days) if days > 0 else None

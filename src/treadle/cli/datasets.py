@@ -6,9 +6,16 @@ import json
 
 import click
 
-from treadle.cli.main import Context, cli, pass_context
+from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.engine import datasets
+from treadle.engine.accounts import Caller
+from treadle.engine.dataset_access import (
+    grant_dataset,
+    list_dataset_access,
+    revoke_dataset,
+    set_dataset_owner,
+)
 
 #: Characters of an event's metadata shown in a table cell (`--json` shows all of it).
 EXTRA_PREVIEW_CHARS = 80
@@ -64,3 +71,50 @@ def events_cmd(ctx: Context, name: str, limit: int, as_json: bool) -> None:
         task = f"{e.dag_id}.{e.task_id}" if e.dag_id else None
         rows.append((e.id, fmt_time(e.created_at), e.run_id, task, e.version, extra))
     table(f"Events of {name}", ["id", "time", "run", "task", "version", "extra"], rows)
+
+
+@datasets_group.command("owner")
+@click.argument("name")
+@click.argument("team")
+@pass_context
+def owner_cmd(ctx: Context, name: str, team: str) -> None:
+    """Make TEAM the owner of dataset NAME: its DAGs (and granted teams') may emit to it."""
+    previous = set_dataset_owner(ctx.db, name, team=team, by=Caller(actor=identity()))
+    was = f" (was {previous})" if previous and previous != team else ""
+    click.echo(f"dataset {name}: owned by team {team}{was}")
+
+
+@datasets_group.command("grant")
+@click.argument("name")
+@click.argument("team")
+@pass_context
+def grant_cmd(ctx: Context, name: str, team: str) -> None:
+    """Let DAGs of TEAM emit to dataset NAME (which another team owns)."""
+    changed = grant_dataset(ctx.db, name, team=team, by=Caller(actor=identity()))
+    click.echo(f"granted {name} to team {team}" if changed else f"team {team} was already granted {name}")
+
+
+@datasets_group.command("revoke")
+@click.argument("name")
+@click.argument("team")
+@pass_context
+def revoke_cmd(ctx: Context, name: str, team: str) -> None:
+    """Take back TEAM's grant on dataset NAME; its DAGs emitting to it are refused at the next sync."""
+    changed = revoke_dataset(ctx.db, name, team=team, by=Caller(actor=identity()))
+    click.echo(f"revoked {name} from team {team}" if changed else f"team {team} had no grant on {name}")
+
+
+@datasets_group.command("access")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def access_cmd(ctx: Context, as_json: bool) -> None:
+    """Show which team owns each dataset and which other teams may emit to it."""
+    found = list_dataset_access(ctx.db)
+    if as_json:
+        emit_json(found)
+        return
+    table(
+        "Dataset owners",
+        ["dataset", "owner", "granted to"],
+        [(a.dataset, a.owner, ", ".join(a.granted) or None) for a in found],
+    )

@@ -13,7 +13,7 @@ import click
 
 from treadle.config import Settings
 from treadle.domain.urls import parse_database_url, sqlite_file
-from treadle.errors import ConfigError, SchemaOutOfDate, TreadleError
+from treadle.errors import ConfigError, Overloaded, SchemaOutOfDate, TreadleError
 from treadle.store import migrate
 from treadle.store.database import Database
 from treadle.store.sqlite_file import create_private_sqlite_file
@@ -21,7 +21,7 @@ from treadle.store.sqlite_file import create_private_sqlite_file
 #: Mode of a TREADLE_HOME treadle creates: owner only.
 PRIVATE_DIR_MODE = 0o700
 
-EXIT_CODES: dict[type[TreadleError], int] = {ConfigError: 2, SchemaOutOfDate: 3}
+EXIT_CODES: dict[type[TreadleError], int] = {ConfigError: 2, SchemaOutOfDate: 3, Overloaded: 75}
 
 
 class Context:

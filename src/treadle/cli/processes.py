@@ -187,6 +187,7 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         db,
         tick_s=ctx.settings.scheduler_tick_s,
         retention_days=ctx.settings.retention_days,
+        audit_retention_days=ctx.settings.audit_retention_days,
         on_pruned=functools.partial(
             delete_run_files, ctx.settings.home, artifacts_url=ctx.settings.artifacts_url
         ),
@@ -195,6 +196,7 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         default_queue_timeout_s=ctx.settings.queue_timeout_s,
         max_skew_s=ctx.settings.max_clock_skew_s,
         default_task_timeout_s=ctx.settings.default_task_timeout_s,
+        admission=ctx.settings.admission_limits,
     )
 
 

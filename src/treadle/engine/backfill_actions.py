@@ -14,17 +14,19 @@ from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.admission import NO_LIMITS, AdmissionLimits, queued_roots
 from treadle.domain.backfill_plan import BackfillPlan, BackfillRange, check_options, check_range, dry_run
-from treadle.domain.dag_version import DagVersion
+from treadle.domain.dag_version import DagStructure, DagVersion
 from treadle.domain.params import resolve_params
 from treadle.domain.records import DagInfo, RunInfo
 from treadle.domain.states import RunState, RunType
 from treadle.domain.timetable import ScheduleSpec
+from treadle.engine.admission import record_refusal, require_admission
 from treadle.engine.cancellation import cancel_run
 from treadle.engine.dags import version_of
 from treadle.engine.queries import runs_for_operators
 from treadle.engine.runs import require_run_allowed
-from treadle.errors import BackfillConflict, DagNotFound, InvalidRequest, ParamsInvalid
+from treadle.errors import BackfillConflict, DagNotFound, InvalidRequest, Overloaded, ParamsInvalid
 from treadle.store import audit, dialects
 from treadle.store import backfills as backfill_store
 from treadle.store import dags as dag_store
@@ -84,6 +86,7 @@ class BackfillCancellation:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Checked:
     dag: DagInfo
+    structure: DagStructure
     spec: ScheduleSpec
     reason: str
     range: BackfillRange
@@ -135,7 +138,7 @@ def _check(
         max_span_days=max_span_days,
         now=now,
     )
-    return _Checked(dag=dag, spec=spec, reason=text, range=checked)
+    return _Checked(dag=dag, structure=version.structure, spec=spec, reason=text, range=checked)
 
 
 # -- create ----------------------------------------------------------------------------------------------
@@ -200,10 +203,15 @@ def create_backfill(
     mode: str = "normal",
     rerun: str = "none",
     max_span_days: float = 366.0,
+    admission: AdmissionLimits = NO_LIMITS,
+    address: str | None = None,
 ) -> BackfillInfo:
     """Validate a backfill request (as `plan_backfill`) and record it, with an audit entry.
 
     The backfill starts in state running at its first interval; the scheduler leader drains it.
+    A backfill whose first wave (its first `max_active` runs, which the drain starts at once)
+    would queue more task instances than an `admission` limit allows is refused with Overloaded
+    (nothing recorded; the refusal audited as `admission.refused` and counted).
     """
 
     def work(conn: Connection) -> BackfillInfo:
@@ -222,6 +230,14 @@ def create_backfill(
             now=now,
         )
         r = c.range
+        wave = min(r.max_active, len(r.intervals))
+        require_admission(
+            conn,
+            admission,
+            dag_id=dag_id,
+            adding={q: n * wave for q, n in queued_roots(c.structure).items()},
+            what=f"a backfill of DAG {dag_id!r} ({wave} run(s) at once)",
+        )
         backfill_id = backfill_store.insert_backfill(
             conn,
             dag_id=dag_id,
@@ -256,13 +272,18 @@ def create_backfill(
                 "max_active": r.max_active,
                 "total": len(r.intervals),
             },
+            address=address,
         )
         found = backfill_store.get_backfill(conn, backfill_id)
         assert found is not None
         dialects.notify_scheduler(conn)  # an idle scheduler drains it at once
         return found
 
-    return db.transact(work)
+    try:
+        return db.transact(work)
+    except Overloaded as exc:
+        record_refusal(db, exc, kind="backfill", dag_id=dag_id, actor=requested_by, address=address)
+        raise
 
 
 # -- views and operator actions --------------------------------------------------------------------------
@@ -314,7 +335,9 @@ def _get(conn: Connection, backfill_id: int, *, lock: bool = False) -> BackfillI
     return found
 
 
-def set_backfill_paused(db: Database, backfill_id: int, *, paused: bool, actor: str) -> bool:
+def set_backfill_paused(
+    db: Database, backfill_id: int, *, paused: bool, actor: str, address: str | None = None
+) -> bool:
     """Pause (no new runs; active ones go on) or unpause a backfill; False if it already was so.
 
     Raises InvalidRequest for an unknown backfill or one that has ended (done or cancelled).
@@ -336,6 +359,7 @@ def set_backfill_paused(db: Database, backfill_id: int, *, paused: bool, actor: 
             actor=actor,
             action="backfill.pause" if paused else "backfill.unpause",
             target=f"backfill:{backfill_id}",
+            address=address,
         )
         if not paused:
             dialects.notify_scheduler(conn)
@@ -344,7 +368,9 @@ def set_backfill_paused(db: Database, backfill_id: int, *, paused: bool, actor: 
     return db.transact(work)
 
 
-def cancel_backfill(db: Database, backfill_id: int, *, actor: str, reason: str = "") -> BackfillCancellation:
+def cancel_backfill(
+    db: Database, backfill_id: int, *, actor: str, reason: str = "", address: str | None = None
+) -> BackfillCancellation:
     """Cancel a backfill (no new runs), then cancel its queued and running runs.
 
     The backfill is cancelled first, in its own transaction, so the drain starts nothing more;
@@ -369,6 +395,7 @@ def cancel_backfill(db: Database, backfill_id: int, *, actor: str, reason: str =
             action="backfill.cancel",
             target=f"backfill:{backfill_id}",
             details={"reason": reason},
+            address=address,
         )
         return True
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure, DagVersion
+from treadle.domain.dataset_access import decide_outlets, describe_refusal
 from treadle.engine.schedules import register_schedule
 from treadle.store import dags as dag_store
+from treadle.store import dataset_teams
 from treadle.store.database import Database, db_now
 
 
@@ -31,18 +34,53 @@ def sync_dags(
     folder: str | None = None,
 ) -> SyncReport:
     """Register every structure (new content hash -> new version) and replace the load errors
-    (of `scanned_files`, and of every file under `folder` when given: the folder's full pass)."""
+    (of `scanned_files`, and of every file under `folder` when given: the folder's full pass).
+
+    A DAG that emits outlets to a dataset its team neither owns nor is granted is not registered
+    (a version already registered stays): its file gets a load error naming the dataset, its
+    owner and the team. Datasets nobody owns yet become the emitting DAG's team's
+    (domain/dataset_access.py).
+    """
+    found_errors = dict(errors)
 
     def work(conn: Connection) -> dict[str, int]:
         now = db_now(conn)
-        versions = {s.dag_id: dag_store.upsert_dag_version(conn, s, now=now) for s in structures}
-        for structure in structures:
+        accepted = _check_outlets(conn, structures, found_errors, now=now)
+        versions = {s.dag_id: dag_store.upsert_dag_version(conn, s, now=now) for s in accepted}
+        for structure in accepted:
             register_schedule(conn, structure, now=now)
-        dag_store.replace_load_errors(conn, scanned=scanned_files, errors=errors, now=now, folder=folder)
+        scanned = sorted({*scanned_files, *(where for where in found_errors if where not in errors)})
+        dag_store.replace_load_errors(conn, scanned=scanned, errors=found_errors, now=now, folder=folder)
         return versions
 
     versions = db.transact(work, retry_conflicts=True)
-    return SyncReport(dags=len(structures), errors=len(errors), versions=versions)
+    return SyncReport(dags=len(versions), errors=len(found_errors), versions=versions)
+
+
+def _check_outlets(
+    conn: Connection, structures: list[DagStructure], errors: dict[str, tuple[str, str]], *, now: datetime
+) -> list[DagStructure]:
+    """The structures whose outlets their team may emit to; a load error for each other one."""
+    outlets = {name for s in structures for name in s.outputs()}
+    if not outlets:
+        return structures
+    decision = decide_outlets(
+        structures,
+        owners=dataset_teams.owners_of(conn, outlets),
+        grants=dataset_teams.grants_of(conn, outlets),
+    )
+    dataset_teams.claim_owners(conn, decision.claims, now=now, by="dag-sync")
+    for structure in structures:
+        refusals = decision.refused.get(structure.dag_id)
+        if refusals:
+            where = structure.fileloc or f"<dag {structure.dag_id}>"
+            message = describe_refusal(structure, refusals)
+            earlier = errors.get(where)
+            errors[where] = (
+                f"{earlier[0]}\n{message}" if earlier else message,
+                earlier[1] if earlier else "",
+            )
+    return [s for s in structures if s.dag_id not in decision.refused]
 
 
 def version_of(db: Database, conn: Connection, version_id: int) -> DagVersion:

@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.identifiers import is_dataset_name
 from treadle.domain.manifest import DatasetConsumption
@@ -34,8 +35,15 @@ from treadle.domain.params import resolve_params
 from treadle.domain.records import ClaimedTask, RunInfo
 from treadle.domain.states import RunType
 from treadle.domain.timetable import ScheduleSpec
+from treadle.engine.admission import (
+    audit_refusal,
+    count_refusal,
+    find_overload_now,
+    is_dataset_refusal_audited,
+    overloaded,
+)
 from treadle.engine.dags import version_of
-from treadle.engine.runs import new_run
+from treadle.engine.runs import new_run, queued_per_queue
 from treadle.engine.scheduling import LEADER_LEASE, SCHEDULER_IDENTITY
 from treadle.errors import InvalidRequest, MarksMoved, NotLeader, ParamsInvalid
 from treadle.store import datasets as dataset_store
@@ -151,12 +159,15 @@ def trigger_dataset_runs(
     default_queue_timeout_s: float,
     limit: int = MAX_RUNS_PER_PASS,
     default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
+    admission: AdmissionLimits = NO_LIMITS,
 ) -> int:
     """Create one run of each unpaused dataset-scheduled DAG whose every dataset has a new event.
 
     One transaction, fenced by the leader lease at `epoch` (NotLeader if lost): the runs, their
     task instances and the moved marks commit together. A DAG at `max_active_runs` active
-    dataset runs waits (its events accumulate for a later run). When nothing changed this costs
+    dataset runs waits (its events accumulate for a later run), and so does one whose run would
+    exceed an `admission` limit: that refusal is counted each pass and audited (actor
+    `scheduler`) at most once a minute per DAG. When nothing changed this costs
     a handful of small queries: the schedules, the marks and the datasets' newest event ids.
     Returns how many runs were created.
     """
@@ -197,6 +208,8 @@ def trigger_dataset_runs(
                 timeout_s=default_queue_timeout_s,
                 task_timeout_s=default_task_timeout_s,
             )
+            if built is not None and not _admitted(conn, admission, row.dag_id, built[1], instances, now=now):
+                continue  # waits like a DAG at max_active_runs: its events stay unconsumed
             if built is not None:
                 runs.append(built[0])
                 instances.extend(built[1])
@@ -215,6 +228,32 @@ def trigger_dataset_runs(
         return len(runs)
 
     return db.transact(work, retry_conflicts=True)
+
+
+def _admitted(
+    conn: Connection,
+    limits: AdmissionLimits,
+    dag_id: str,
+    rows: list[dict[str, Any]],
+    earlier: list[dict[str, Any]],
+    *,
+    now: datetime,
+) -> bool:
+    """Whether this dataset run fits the admission limits; a refusal is counted and audited.
+
+    `earlier`: the task instances of the runs this pass created before (inserted at its end).
+    """
+    found = find_overload_now(conn, limits, dag_id=dag_id, adding=queued_per_queue(rows), uncommitted=earlier)
+    if found is None:
+        return True
+    exc = overloaded(found, what=f"a dataset run of DAG {dag_id!r}")
+    count_refusal("dataset_run", exc.setting)
+    if not is_dataset_refusal_audited(conn, dag_id, now=now):
+        audit_refusal(
+            conn, exc, kind="dataset_run", dag_id=dag_id, actor=SCHEDULER_IDENTITY, address=None, at=now
+        )
+    log.warning(str(exc), extra={"event": "scheduler.dataset_run_refused", "dag_id": dag_id})
+    return False
 
 
 def _first_marks(

@@ -33,8 +33,10 @@ __all__ = ["DEFAULT_BATCH_RUNS", "PruneReport", "PrunedRows", "prune", "pruned_r
 class PruneReport:
     """What one prune deleted (or, in a dry run, would delete)."""
 
-    #: Database time before which finished history was pruned.
-    cutoff: datetime
+    #: Database time before which finished history was pruned (None: runs and workers kept).
+    cutoff: datetime | None
+    #: Database time before which audit entries were pruned (None: the audit log was kept).
+    audit_cutoff: datetime | None = None
     dry_run: bool
     #: Transactions that deleted something (0 in a dry run).
     batches: int
@@ -50,21 +52,27 @@ class PruneReport:
 def prune(
     db: Database,
     *,
-    older_than: timedelta,
+    older_than: timedelta | None,
+    audit_older_than: timedelta | None = None,
     dry_run: bool = False,
     batch_runs: int = DEFAULT_BATCH_RUNS,
     max_batches: int | None = None,
     on_deleted: Callable[[list[str]], object] | None = None,
 ) -> PruneReport:
-    """Delete finished runs (with their children), audit entries and workers older than `older_than`.
+    """Delete finished runs (with their children) and workers older than `older_than`, and audit
+    entries older than `audit_older_than`.
 
-    The cutoff is the database clock minus `older_than`, read once, so every batch prunes
-    against the same instant. Only runs in a terminal state whose `ended_at` is before the
-    cutoff are deleted; active runs are never touched, whatever their age.
+    The cutoffs are the database clock minus each age, read once, so every batch prunes against
+    the same instant. Only runs in a terminal state whose `ended_at` is before the cutoff are
+    deleted; active runs are never touched, whatever their age. The audit log has its own,
+    longer retention: it is kept whole unless `audit_older_than` is given, which may not be
+    shorter than `older_than` (an entry outlives the history it describes); entries are deleted
+    whole, never edited.
 
     Args:
         db: The database.
-        older_than: Age beyond which finished history goes; must be positive.
+        older_than: Age beyond which finished history goes; must be positive (None: kept).
+        audit_older_than: Age beyond which audit entries go; positive (None: all kept).
         dry_run: Count what would be deleted, per table, and delete nothing.
         batch_runs: Most runs deleted per transaction.
         max_batches: Stop after this many batches (the scheduler takes one per pass); None
@@ -73,34 +81,62 @@ def prune(
             caller deletes their files: manifests, outputs, artifacts).
 
     Raises:
-        InvalidRequest: `older_than` or a batch bound is not positive.
+        InvalidRequest: an age or a batch bound is not positive, both ages are None, or the audit
+            age is shorter than the history's.
     """
-    if older_than <= timedelta(0):
-        raise InvalidRequest(f"retention age must be positive, got {older_than}")
+    check_ages(older_than, audit_older_than)
     if batch_runs < 1 or (max_batches is not None and max_batches < 1):
         raise InvalidRequest("retention batch sizes must be at least 1")
-    cutoff = db.query(db_now) - older_than
+    now = db.query(db_now)
+    cutoff = now - older_than if older_than is not None else None
+    audit_cutoff = now - audit_older_than if audit_older_than is not None else None
     if dry_run:
-        rows = db.query(lambda conn: retention_store.count_prunable(conn, cutoff=cutoff))
-        return PruneReport(cutoff=cutoff, dry_run=True, batches=0, rows=rows)
+        rows = db.query(
+            lambda conn: retention_store.count_prunable(conn, cutoff=cutoff, audit_cutoff=audit_cutoff)
+        )
+        return PruneReport(cutoff=cutoff, audit_cutoff=audit_cutoff, dry_run=True, batches=0, rows=rows)
     total, batches = PrunedRows(), 0
     while max_batches is None or batches < max_batches:
-        deleted, run_ids = db.transact(lambda conn: _prune_batch(conn, cutoff=cutoff, batch_runs=batch_runs))
+        deleted, run_ids = db.transact(
+            lambda conn: _prune_batch(conn, cutoff=cutoff, audit_cutoff=audit_cutoff, batch_runs=batch_runs)
+        )
         if on_deleted is not None and run_ids:
             on_deleted(run_ids)
         if deleted.total == 0:
             break
         total, batches = total + deleted, batches + 1
-    return PruneReport(cutoff=cutoff, dry_run=False, batches=batches, rows=total)
+    return PruneReport(cutoff=cutoff, audit_cutoff=audit_cutoff, dry_run=False, batches=batches, rows=total)
 
 
-def _prune_batch(conn: Connection, *, cutoff: datetime, batch_runs: int) -> tuple[PrunedRows, list[str]]:
+def check_ages(older_than: timedelta | None, audit_older_than: timedelta | None) -> None:
+    """Raise InvalidRequest unless the retention ages are positive and the audit's is the longer."""
+    if older_than is None and audit_older_than is None:
+        raise InvalidRequest("give a retention age for the history, the audit log, or both")
+    for age in (older_than, audit_older_than):
+        if age is not None and age <= timedelta(0):
+            raise InvalidRequest(f"retention age must be positive, got {age}")
+    if older_than is not None and audit_older_than is not None and audit_older_than < older_than:
+        raise InvalidRequest(
+            f"the audit log's retention ({audit_older_than}) may not be shorter than the history's "
+            f"({older_than}): an audit entry outlives what it describes"
+        )
+
+
+def _prune_batch(
+    conn: Connection, *, cutoff: datetime | None, audit_cutoff: datetime | None, batch_runs: int
+) -> tuple[PrunedRows, list[str]]:
+    limit = batch_runs * ROWS_PER_RUN
+    audit = (
+        retention_store.delete_old_audit_entries(conn, cutoff=audit_cutoff, limit=limit)
+        if audit_cutoff is not None
+        else 0
+    )
+    if cutoff is None:
+        return PrunedRows(audit_log=audit), []
     run_ids = retention_store.lock_old_runs(conn, cutoff=cutoff, limit=batch_runs)
     runs = retention_store.delete_runs(conn, run_ids)
-    limit = batch_runs * ROWS_PER_RUN
     others = PrunedRows(
-        audit_log=retention_store.delete_old_audit_entries(conn, cutoff=cutoff, limit=limit),
-        workers=retention_store.delete_old_workers(conn, cutoff=cutoff, limit=limit),
+        audit_log=audit, workers=retention_store.delete_old_workers(conn, cutoff=cutoff, limit=limit)
     )
     return runs + others, list(run_ids)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.domain.conf_limits import check_conf_limits
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagStructure, DagVersion
 from treadle.domain.manifest import DatasetConsumption, build_manifest
@@ -17,8 +18,9 @@ from treadle.domain.secret_params import mask_secrets
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import TriggerRule
+from treadle.engine.admission import record_refusal, require_admission
 from treadle.engine.dags import version_of
-from treadle.errors import DagNotFound, RunCancelledError, RunNotAllowed, RunNotFound
+from treadle.errors import DagNotFound, Overloaded, RunCancelledError, RunNotAllowed, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import dags as dag_store
 from treadle.store import runs as run_store
@@ -40,6 +42,7 @@ def trigger_run(
     default_queue_timeout_s: float = 600.0,
     default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
     address: str | None = None,
+    admission: AdmissionLimits = NO_LIMITS,
 ) -> RunInfo:
     """Create a run of the DAG's latest version with its roots queued, in one transaction.
 
@@ -49,6 +52,9 @@ def trigger_run(
     `default_queue_timeout_s`, those without a `timeout` `default_task_timeout_s` (None: none),
     the deployment's. The trigger is audited (`run.trigger`, by `triggered_by`, from `address`)
     in the same transaction, its conf with secret params masked.
+
+    A run whose queued task instances would exceed an `admission` limit is refused with
+    Overloaded (nothing created; the refusal audited as `admission.refused` and counted).
     """
     conf = dict(conf or {})
     check_conf_limits(conf)
@@ -74,6 +80,9 @@ def trigger_run(
             default_queue_timeout_s=default_queue_timeout_s,
             default_task_timeout_s=default_task_timeout_s,
         )
+        require_admission(
+            conn, admission, dag_id=dag_id, adding=queued_per_queue(rows), what=f"a run of DAG {dag_id!r}"
+        )
         run_store.insert_run(conn, run)
         ti_store.insert_task_instances(conn, rows)
         audit.record(
@@ -91,7 +100,20 @@ def trigger_run(
     # Two manual triggers in one clock tick (SQLite's clock has millisecond resolution) would
     # share a logical date; retrying reads the clock again. Time-based runs must not retry: for
     # them the unique key is what forbids a double fire.
-    return db.transact(work, retry_conflicts=run_type is RunType.MANUAL)
+    try:
+        return db.transact(work, retry_conflicts=run_type is RunType.MANUAL)
+    except Overloaded as exc:
+        record_refusal(db, exc, kind="trigger", dag_id=dag_id, actor=triggered_by, address=address)
+        raise
+
+
+def queued_per_queue(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of these new task-instance rows are queued, per queue."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row["state"] == TaskState.QUEUED.value:
+            counts[row["queue"]] = counts.get(row["queue"], 0) + 1
+    return counts
 
 
 def require_run_allowed(structure: DagStructure, run_type: RunType) -> None:

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import timedelta
 
+from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.datasets import trigger_dataset_runs
@@ -73,6 +74,7 @@ class Scheduler:
         *,
         tick_s: float,
         retention_days: float = 0.0,
+        audit_retention_days: float = 0.0,
         lease_s: float = 30.0,
         leader_lease_s: float = 3.0,
         default_queue_timeout_s: float = 600.0,
@@ -80,8 +82,11 @@ class Scheduler:
         holder: str | None = None,
         on_pruned: Callable[[list[str]], object] | None = None,
         default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
+        admission: AdmissionLimits = NO_LIMITS,
     ) -> None:
         self.db = db
+        #: Limits on queued task instances a dataset run must fit in (else it waits).
+        self.admission = admission
         #: Deletes the files of runs that retention pruned (given by the process that knows where).
         self.on_pruned = on_pruned
         self.tick_s = tick_s
@@ -89,6 +94,8 @@ class Scheduler:
         self.lease_s = lease_s
         #: Finished history older than this many days is pruned; 0 keeps everything.
         self.retention_days = retention_days
+        #: Audit entries older than this many days are pruned; 0 keeps the whole audit log.
+        self.audit_retention_days = audit_retention_days
         self.default_queue_timeout_s = default_queue_timeout_s
         #: Timeout of the task instances it creates whose task sets none (None: no timeout).
         self.default_task_timeout_s = default_task_timeout_s
@@ -185,6 +192,7 @@ class Scheduler:
             epoch=epoch,
             default_queue_timeout_s=self.default_queue_timeout_s,
             default_task_timeout_s=self.default_task_timeout_s,
+            admission=self.admission,
         )
         return {"dataset_runs": created}
 
@@ -241,20 +249,30 @@ class Scheduler:
         return max(0.0, wake)
 
     def prune_step(self) -> PruneReport | None:
-        """Prune one batch of history older than `retention_days` if one is due; None if not."""
-        if self.retention_days <= 0 or time.monotonic() < self.next_prune_at:
+        """Prune one batch of history older than `retention_days` (and of audit entries older than
+        `audit_retention_days`) if one is due; None if not."""
+        if self.retention_days <= 0 and self.audit_retention_days <= 0:
+            return None
+        if time.monotonic() < self.next_prune_at:
             return None
         # Set before pruning, so a failing prune is retried once an interval, not every tick.
         self.next_prune_at = time.monotonic() + RETENTION_INTERVAL_S
         report = prune(
-            self.db, older_than=timedelta(days=self.retention_days), max_batches=1, on_deleted=self.on_pruned
+            self.db,
+            older_than=timedelta(days=self.retention_days) if self.retention_days > 0 else None,
+            audit_older_than=timedelta(days=self.audit_retention_days)
+            if self.audit_retention_days > 0
+            else None,
+            max_batches=1,
+            on_deleted=self.on_pruned,
         )
         if report.deleted_anything:
             log.info(
                 "retention pruned",
                 extra={
                     "event": "retention.pruned",
-                    "cutoff": report.cutoff.isoformat(),
+                    "cutoff": report.cutoff.isoformat() if report.cutoff else None,
+                    "audit_cutoff": report.audit_cutoff.isoformat() if report.audit_cutoff else None,
                     **asdict(report.rows),
                 },
             )

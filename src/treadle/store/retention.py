@@ -67,13 +67,19 @@ def _old_worker_condition(cutoff: datetime) -> sa.ColumnElement[bool]:
     return workers.c.last_heartbeat_at < cutoff
 
 
-def count_prunable(conn: Connection, *, cutoff: datetime) -> PrunedRows:
-    """Count every row a full prune at `cutoff` would delete, per table (reads only)."""
-    old_runs = sa.select(dag_runs.c.run_id).where(_old_run_condition(cutoff)).scalar_subquery()
+def count_prunable(conn: Connection, *, cutoff: datetime | None, audit_cutoff: datetime | None) -> PrunedRows:
+    """Count every row a full prune would delete, per table (reads only).
+
+    `cutoff` bounds runs and workers (None: none go), `audit_cutoff` audit entries (None: none go).
+    """
 
     def count(table: sa.Table, condition: sa.ColumnElement[bool]) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(condition)).scalar_one())
 
+    audit = count(audit_log, audit_log.c.at < audit_cutoff) if audit_cutoff is not None else 0
+    if cutoff is None:
+        return PrunedRows(audit_log=audit)
+    old_runs = sa.select(dag_runs.c.run_id).where(_old_run_condition(cutoff)).scalar_subquery()
     return PrunedRows(
         dag_runs=count(dag_runs, _old_run_condition(cutoff)),
         task_instances=count(task_instances, task_instances.c.run_id.in_(old_runs)),
@@ -81,7 +87,7 @@ def count_prunable(conn: Connection, *, cutoff: datetime) -> PrunedRows:
         task_results=count(task_results, task_results.c.run_id.in_(old_runs)),
         task_map_items=count(task_map_items, task_map_items.c.run_id.in_(old_runs)),
         job_cancellations=count(job_cancellations, job_cancellations.c.run_id.in_(old_runs)),
-        audit_log=count(audit_log, audit_log.c.at < cutoff),
+        audit_log=audit,
         workers=count(workers, _old_worker_condition(cutoff)),
     )
 
@@ -127,7 +133,11 @@ def delete_runs(conn: Connection, run_ids: list[str]) -> PrunedRows:
 
 
 def delete_old_audit_entries(conn: Connection, *, cutoff: datetime, limit: int) -> int:
-    """Delete up to `limit` audit entries recorded before `cutoff`, oldest first; returns how many."""
+    """Delete up to `limit` audit entries recorded before `cutoff`, oldest first; returns how many.
+
+    The audit log is append-only: entries are only ever deleted whole, past their retention,
+    never updated (no statement in treadle updates `audit_log`).
+    """
     ids = list(
         conn.execute(
             sa.select(audit_log.c.id)

@@ -481,6 +481,28 @@ datasets = sa.Table(
     **MYSQL_OPTIONS,
 )
 
+#: The team that owns each dataset (only its DAGs, and granted teams' DAGs, may emit to it).
+dataset_owners = sa.Table(
+    "dataset_owners",
+    metadata,
+    sa.Column("dataset", sa.String(500), primary_key=True),
+    sa.Column("team", ID, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("created_by", sa.String(250), nullable=False),
+    **MYSQL_OPTIONS,
+)
+
+#: Teams other than the owner whose DAGs may emit to a dataset.
+dataset_grants = sa.Table(
+    "dataset_grants",
+    metadata,
+    sa.Column("dataset", sa.String(500), primary_key=True),
+    sa.Column("team", ID, primary_key=True),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("created_by", sa.String(250), nullable=False),
+    **MYSQL_OPTIONS,
+)
+
 #: Append-only: one row per successful producing task (its run, optional version and metadata).
 dataset_events = sa.Table(
     "dataset_events",

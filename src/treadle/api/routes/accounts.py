@@ -18,6 +18,7 @@ from treadle.api.schemas import (
     NewUser,
     PasswordChange,
     RoleChange,
+    RowId,
     SessionInfo,
     TeamOut,
     TokenOut,
@@ -229,7 +230,7 @@ def create_token(
 
 
 @router.delete("/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
-def revoke_token(token_id: int, db: Db, caller: Annotated[Caller, require(Action.OWN_ACCOUNT)]) -> Response:
+def revoke_token(token_id: RowId, db: Db, caller: Annotated[Caller, require(Action.OWN_ACCOUNT)]) -> Response:
     """Revoke one of the caller's tokens (an admin of every team may revoke any)."""
     p = caller.principal
     found = accounts.get_token(db, token_id)

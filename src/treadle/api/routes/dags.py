@@ -97,7 +97,12 @@ def unpause(dag_id: str, db: Db, caller: Annotated[Caller, require(Action.PAUSE_
     return _pause(db, caller, dag_id, paused=False)
 
 
-@router.post("/dags/{dag_id}/runs", response_model=RunInfo, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/dags/{dag_id}/runs",
+    response_model=RunInfo,
+    status_code=status.HTTP_201_CREATED,
+    responses={429: {"description": "Overloaded: a limit on queued task instances"}},
+)
 def trigger(
     dag_id: str,
     body: TriggerRequest,
@@ -105,7 +110,11 @@ def trigger(
     db: Db,
     caller: Annotated[Caller, require(Action.TRIGGER_RUN)],
 ) -> RunInfo:
-    """Start a manual run; a conf that breaks the params schema is a 422 listing every violation."""
+    """Start a manual run; a conf that breaks the params schema is a 422 listing every violation.
+
+    A run that would exceed a limit on queued task instances is refused: 429 with Retry-After,
+    the body naming the limit (`limit.setting`).
+    """
     dag = dag_or_404(db, dag_id)
     authorize(caller, Action.TRIGGER_RUN, team=dag.team)
     run = trigger_run(
@@ -115,5 +124,6 @@ def trigger(
         triggered_by=caller.principal.actor,
         default_queue_timeout_s=request.app.state.queue_timeout_s,
         address=caller.address,
+        admission=request.app.state.admission,
     )
     return queries.run_for_operators(db, run)

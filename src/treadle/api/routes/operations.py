@@ -10,7 +10,15 @@ from fastapi import APIRouter, Depends, Query, Request, Response, status
 from treadle.api.deps import authorize, get_db, get_settings, require
 from treadle.api.guard import API, Caller
 from treadle.api.routes.dags import dag_or_404
-from treadle.api.schemas import AuditPage, Identifier, PoolRequest, RequeueResult, ResolveRequest
+from treadle.api.schemas import (
+    AuditPage,
+    BigRowId,
+    Identifier,
+    PoolRequest,
+    RequeueResult,
+    ResolveRequest,
+    RowId,
+)
 from treadle.api.settings import ApiSettings
 from treadle.domain.access import Action, Role
 from treadle.domain.records import TaskInstanceInfo, WorkerInfo
@@ -56,7 +64,7 @@ def grouped_dead_letters(
 
 @router.post("/dead-letters/{task_instance_id}/requeue", response_model=TaskInstanceInfo)
 def requeue_one(
-    task_instance_id: int, db: Db, caller: Annotated[Caller, require(Action.REQUEUE_DEAD_LETTER)]
+    task_instance_id: BigRowId, db: Db, caller: Annotated[Caller, require(Action.REQUEUE_DEAD_LETTER)]
 ) -> TaskInstanceInfo:
     """Queue one dead letter again with a fresh retry budget."""
     found = next((d for d in letters.list_dead_letters(db) if d.task_instance.id == task_instance_id), None)
@@ -180,7 +188,7 @@ def list_backfills(
 
 @router.get("/backfills/{backfill_id}", response_model=BackfillDetail)
 def backfill_detail(
-    backfill_id: int, db: Db, caller: Annotated[Caller, require(Action.READ_DAG)]
+    backfill_id: RowId, db: Db, caller: Annotated[Caller, require(Action.READ_DAG)]
 ) -> BackfillDetail:
     """One backfill: its counts and its runs."""
     detail = backfill_actions.get_backfill(db, backfill_id)
@@ -197,7 +205,7 @@ def audit_log(
     actor: Annotated[str | None, Query(max_length=250)] = None,
     action: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1)] = 100,
-    cursor: Annotated[int | None, Query(ge=1)] = None,
+    cursor: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
 ) -> AuditPage:
     """The audit log, newest first (admins of every team only: S15)."""
     if limit > settings.max_page_size:
