@@ -161,7 +161,7 @@ def _watch(ctx: Context, backfill_id: int, total: int) -> None:
             MofNCompleteColumn(),
             TextColumn("{task.fields[counts]}"),
             TimeElapsedColumn(),
-            console=console,
+            console=console(),
         ) as progress:
             bar = progress.add_task("backfill", total=total, counts="waiting for the scheduler")
             while True:

@@ -6,17 +6,17 @@ import getpass
 import sys
 from collections.abc import Callable
 from functools import cached_property
+from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from treadle.config import Settings
-from treadle.domain.urls import parse_database_url, sqlite_file
 from treadle.errors import ConfigError, SchemaOutOfDate, TreadleError
-from treadle.store import migrate
-from treadle.store.database import Database
-from treadle.store.sqlite_file import create_private_sqlite_file
+
+if TYPE_CHECKING:
+    from treadle.config import Settings
+    from treadle.store.database import Database
 
 #: Mode of a TREADLE_HOME treadle creates: owner only.
 PRIVATE_DIR_MODE = 0o700
@@ -30,6 +30,8 @@ class Context:
     @cached_property
     def settings(self) -> Settings:
         """Settings from the environment."""
+        from treadle.config import Settings
+
         return Settings.from_env()
 
     @cached_property
@@ -45,6 +47,9 @@ class Context:
         TREADLE_HOME and the SQLite file are created private (0700, 0600) whatever the umask:
         they hold run params and results.
         """
+        from treadle.store import migrate
+        from treadle.store.sqlite_file import create_private_sqlite_file
+
         create_private_dir(self.settings.home)
         db = self.open_db(application_name, pool_size=10)
         create_private_sqlite_file(db)
@@ -53,6 +58,8 @@ class Context:
 
     def open_db(self, application_name: str, *, pool_size: int = 5) -> Database:
         """The database of the settings, as it is (a SQLite file's missing folders are made)."""
+        from treadle.store.database import Database
+
         url = self.settings.database_url
         make_sqlite_folder(url)
         return Database(
@@ -65,6 +72,8 @@ class Context:
 
 def make_sqlite_folder(url: str) -> None:
     """Create the missing folders (0700) of a SQLite URL's file; ConfigError naming one that fails."""
+    from treadle.domain.urls import parse_database_url, sqlite_file
+
     path = sqlite_file(parse_database_url(url))
     if path is None:
         return
@@ -95,8 +104,10 @@ def create_private_dir(path: Path) -> None:
 
 def require_schema(db: Database) -> None:
     """Raise SchemaTooNew or SchemaOutOfDate unless the database is at head."""
-    current, head = migrate.current_revision(db), migrate.head_revision()
-    migrate.refuse_newer(current)
+    from treadle.store import revisions
+
+    current, head = revisions.current_revision(db), revisions.head_revision()
+    revisions.refuse_newer(current)
     if current != head:
         raise SchemaOutOfDate(
             f"database schema is at {current or 'nothing'}, code expects {head}; run `treadle db upgrade`"
@@ -112,8 +123,74 @@ def identity() -> str:
     return f"cli:{user}"
 
 
+#: Top-level commands: name -> (module of treadle.cli that defines it, its one-line help).
+#: A command's module is imported only when that command runs, so `treadle --help` and every
+#: command pay only for their own imports. Adding a command: one line here plus its module,
+#: which registers it with `@cli.command(NAME)` or `@cli.group(NAME)`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "api": ("api", "Serve the REST API (under /api/v1; /healthz and /readyz for probes)."),
+    "audit": ("accounts", "Show the audit log, newest first."),
+    "backfill": (
+        "backfills",
+        "Run DAG_ID over the schedule intervals whose logical date is within --from ..",
+    ),
+    "backfills": ("backfills", "Backfills: requests to run a DAG over past intervals."),
+    "bench": ("bench", "Measure treadle on fresh real processes and print tables (and JSON)."),
+    "dags": ("dags", "DAGs registered from the DAG folder."),
+    "datasets": (
+        "datasets",
+        "Datasets: events recorded by tasks with `outlets=`, consumed by DAGs with `schedule=[Dataset]`.",
+    ),
+    "db": ("database", "Database schema and retention."),
+    "dead-letters": ("dead_letters", "Task instances that failed for good."),
+    "logs": ("logs", "Print the stdout and stderr of one attempt of a task."),
+    "pools": ("pools", "Pools: slots that running task instances take (`pool=`, `pool_slots=` on a task)."),
+    "queues": ("operations", "Queue depth, oldest queued age, and the live workers serving each queue."),
+    "runs": ("runs", "DAG runs."),
+    "scheduler": (
+        "processes",
+        "Fire schedules, apply due retries, reap expired leases, close finished runs.",
+    ),
+    "standalone": (
+        "processes",
+        "Scheduler, worker and REST API in one process (migrates the database first).",
+    ),
+    "tasks": ("tasks", "Tasks of a DAG."),
+    "teams": ("accounts", "Teams: DAGs belong to one (`@dag(team=...)`), roles are granted per team."),
+    "tokens": ("accounts", "API tokens (shown once, stored hashed)."),
+    "users": ("accounts", "Users and their roles per team."),
+    "why": (
+        "operations",
+        "Why is a task not running? The first condition holding each task instance, and who holds it.",
+    ),
+    "worker": ("processes", "Claim and run task attempts."),
+    "workers": (
+        "operations",
+        "Workers with their capacity, active and prefetched attempts at their last heartbeat.",
+    ),
+}
+
+
 class Group(click.Group):
-    """A click group that turns TreadleErrors into a message and an exit code."""
+    """The root group: loads a command's module on first use; TreadleErrors become exit codes."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            import_module(f"treadle.cli.{COMMANDS[cmd_name][0]}")
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the commands from COMMANDS without importing their modules."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(name, _short_help(self.commands.get(name), name, limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -121,6 +198,13 @@ class Group(click.Group):
         except TreadleError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exit_code(exc))
+
+
+def _short_help(command: click.Command | None, name: str, limit: int) -> str:
+    """A command's line in `treadle --help`: from the command if loaded, else from COMMANDS."""
+    if command is not None:
+        return command.get_short_help_str(limit)
+    return click.Command(name, help=COMMANDS[name][1]).get_short_help_str(limit)
 
 
 def exit_code(exc: TreadleError) -> int:
@@ -140,21 +224,4 @@ pass_context: Callable[..., Any] = click.make_pass_decorator(Context)
 
 def main() -> None:
     """Console-script entry point."""
-    from treadle.cli import (  # noqa: F401  (registers the commands)
-        accounts,
-        api,
-        backfills,
-        bench,
-        dags,
-        database,
-        datasets,
-        dead_letters,
-        logs,
-        operations,
-        pools,
-        processes,
-        runs,
-        tasks,
-    )
-
     cli(prog_name="treadle")

@@ -7,14 +7,22 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-# Piped output is read by people in logs too: do not squeeze tables to 80 columns there.
-console = Console(width=None if sys.stdout.isatty() else 160)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@cache
+def console() -> Console:
+    """The console tables print on (rich is imported only by commands that print tables)."""
+    from rich.console import Console
+
+    # Piped output is read by people in logs too: do not squeeze tables to 80 columns there.
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -49,9 +57,11 @@ def fmt_duration(seconds: float | None) -> str:
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """Print a table."""
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left")
     for c in columns:
         t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(*["-" if v is None else str(v) for v in r])
-    console.print(t)
+    console().print(t)

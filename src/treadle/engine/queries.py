@@ -18,8 +18,6 @@ from treadle.domain.records import (
     WorkerInfo,
 )
 from treadle.domain.secret_params import mask_run
-from treadle.engine.dags import versions_of
-from treadle.engine.diagnosis import live_workers
 from treadle.errors import DagNotFound, RunNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import dags as dag_store
@@ -66,6 +64,8 @@ def list_runs(db: Database, *, dag_id: str | None = None, limit: int = 50) -> li
 
 def runs_for_operators(db: Database, conn: Connection, runs: list[RunInfo]) -> list[RunInfo]:
     """The runs as operators may see them: params their DAG version marks secret masked."""
+    from treadle.engine.dags import versions_of
+
     versions = versions_of(db, conn, {r.dag_version_id for r in runs})
     return [mask_run(r, versions[r.dag_version_id].structure.params_schema) for r in runs]
 
@@ -111,6 +111,8 @@ def list_queues(db: Database, *, worker_stale_s: float) -> list[QueueView]:
     def work(conn: Connection) -> list[QueueView]:
         now = db_now(conn)
         stats = {s.queue: s for s in queue_store.queue_stats(conn)}
+        from treadle.engine.diagnosis import live_workers
+
         live = live_workers(worker_store.list_workers(conn), now=now, stale_s=worker_stale_s)
         names = sorted(set(stats) | {q for w in live for q in w.queues})
         views = []
@@ -164,6 +166,8 @@ def dag_structure(db: Database, dag_id: str) -> DagStructure:
         dag = dag_store.get_dag(conn, dag_id)
         if dag is None or dag.latest_version_id is None:
             raise DagNotFound(f"no DAG {dag_id!r} is registered")
+        from treadle.engine.dags import versions_of
+
         return versions_of(db, conn, [dag.latest_version_id])[dag.latest_version_id].structure
 
     return db.query(work)
