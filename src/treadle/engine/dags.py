@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure, DagVersion
-from treadle.engine.schedules import register_schedule
+from treadle.engine.schedules import register_schedules
 from treadle.store import dags as dag_store
 from treadle.store.database import Database, db_now
+
+log = logging.getLogger("treadle.engine")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,6 +23,9 @@ class SyncReport:
     dags: int
     errors: int
     versions: dict[str, int]
+    #: (DAG id, file) of the DAGs this sync marked inactive: their file is gone or no longer
+    #: defines them.
+    deactivated: tuple[tuple[str, str], ...] = ()
 
 
 def sync_dags(
@@ -30,19 +36,28 @@ def sync_dags(
     errors: dict[str, tuple[str, str]],
     folder: str | None = None,
 ) -> SyncReport:
-    """Register every structure (new content hash -> new version) and replace the load errors
-    (of `scanned_files`, and of every file under `folder` when given: the folder's full pass)."""
+    """Register every structure (new content hash -> new version; its DAG active), replace the
+    load errors (of `scanned_files`, and of every file under `folder` when given: the folder's
+    full pass) and mark inactive the DAGs whose file the pass imported, or which lie under
+    `folder`, that no structure defines any more (dag_store.deactivate_missing)."""
 
-    def work(conn: Connection) -> dict[str, int]:
+    def work(conn: Connection) -> tuple[dict[str, int], list[tuple[str, str]]]:
         now = db_now(conn)
-        versions = {s.dag_id: dag_store.upsert_dag_version(conn, s, now=now) for s in structures}
-        for structure in structures:
-            register_schedule(conn, structure, now=now)
+        versions = dag_store.register_versions(conn, structures, now=now)
+        register_schedules(conn, structures, now=now)
         dag_store.replace_load_errors(conn, scanned=scanned_files, errors=errors, now=now, folder=folder)
-        return versions
+        gone = dag_store.deactivate_missing(
+            conn, present=versions, scanned=scanned_files, failed=errors, folder=folder, now=now
+        )
+        return versions, gone
 
-    versions = db.transact(work, retry_conflicts=True)
-    return SyncReport(dags=len(structures), errors=len(errors), versions=versions)
+    versions, gone = db.transact(work, retry_conflicts=True)
+    for dag_id, fileloc in gone:
+        log.info(
+            "DAG marked inactive: its file is gone or no longer defines it",
+            extra={"event": "dag.deactivated", "dag_id": dag_id, "file": fileloc},
+        )
+    return SyncReport(dags=len(structures), errors=len(errors), versions=versions, deactivated=tuple(gone))
 
 
 def version_of(db: Database, conn: Connection, version_id: int) -> DagVersion:
