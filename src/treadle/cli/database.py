@@ -83,7 +83,7 @@ def prune(ctx: Context, older_than: str, dry_run: bool, batch_runs: int, as_json
     if as_json:
         emit_json(report)
         return
-    click.echo(f"cutoff {fmt_time(report.cutoff)} UTC (database time minus {older_than})")
+    click.echo(f"cutoff {fmt_time(report.cutoff)} (database time minus {older_than})")
     table(
         "Would delete (dry run)" if dry_run else f"Deleted in {report.batches} batches",
         ["table", "rows"],

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +44,8 @@ def emit_json(value: Any) -> None:
 
 
 def fmt_time(value: datetime | None) -> str:
-    """Short UTC time for tables."""
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+    """A time for people: to the second, in UTC, saying so ("2026-05-01 12:00:00 UTC")."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure
+from treadle.domain.graph import topological_order
 from treadle.domain.records import (
     AttemptInfo,
     DagInfo,
@@ -30,7 +31,8 @@ from treadle.store.database import Database, db_now
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunDetail:
-    """A run with its task instances, attempts and results."""
+    """A run with its task instances (in the DAG's topological order, ties by task id), attempts
+    and results."""
 
     run: RunInfo
     task_instances: list[TaskInstanceInfo]
@@ -84,14 +86,27 @@ def run_detail(db: Database, run_id: str) -> RunDetail:
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
         (shown,) = runs_for_operators(db, conn, [run])
+        from treadle.engine.dags import versions_of
+
+        structure = versions_of(db, conn, [run.dag_version_id])[run.dag_version_id].structure
         return RunDetail(
             run=shown,
-            task_instances=ti_store.list_for_run(conn, run_id),
+            task_instances=in_task_order(ti_store.list_for_run(conn, run_id), structure),
             attempts=attempt_store.list_attempts(conn, run_id=run_id),
             results=attempt_store.results_of_run(conn, run_id),
         )
 
     return db.query(work)
+
+
+def in_task_order(instances: list[TaskInstanceInfo], structure: DagStructure) -> list[TaskInstanceInfo]:
+    """Task instances in the DAG's topological order (ties by task id), a mapped task's
+    instances by map index; instances of tasks the version does not know come last."""
+    order = topological_order({t: d.upstream for t, d in structure.tasks.items()})
+    position = {task_id: n for n, task_id in enumerate(order)}
+    return sorted(
+        instances, key=lambda t: (position.get(t.task_id, len(order)), t.task_id, t.map_index, t.id)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
