@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import os
 import sys
 from collections.abc import Callable
 from functools import cached_property
@@ -16,6 +17,7 @@ from treadle.errors import ConfigError, SchemaOutOfDate, TreadleError
 
 if TYPE_CHECKING:
     from treadle.config import Settings
+    from treadle.config_file import LayeredSettings
     from treadle.store.database import Database
 
 #: Mode of a TREADLE_HOME treadle creates: owner only.
@@ -28,11 +30,18 @@ class Context:
     """Lazily built settings and database of one CLI invocation."""
 
     @cached_property
+    def layered(self) -> LayeredSettings:
+        """The settings file's variables overlaid by the environment's (config_file.py)."""
+        from treadle import config_file
+
+        return config_file.load(os.environ)
+
+    @cached_property
     def settings(self) -> Settings:
-        """Settings from the environment."""
+        """Settings from the settings file and the environment (which wins)."""
         from treadle.config import Settings
 
-        return Settings.from_env()
+        return Settings.from_env(self.layered.env)
 
     @cached_property
     def db(self) -> Database:
@@ -136,6 +145,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "backfills": ("backfills", "Backfills: requests to run a DAG over past intervals."),
     "bench": ("bench", "Measure treadle on fresh real processes and print tables (and JSON)."),
+    "config": ("configuration", "Settings in effect and where each comes from (env, file, default)."),
     "dags": ("dags", "DAGs registered from the DAG folder."),
     "datasets": (
         "datasets",
@@ -213,9 +223,23 @@ def exit_code(exc: TreadleError) -> int:
 
 
 @click.group(cls=Group)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Settings file [default: $TREADLE_HOME/treadle.toml if it exists].",
+)
 @click.pass_context
-def cli(ctx: click.Context) -> None:
-    """treadle: workflow orchestrator and distributed job scheduler."""
+def cli(ctx: click.Context, config_path: str | None) -> None:
+    """treadle: workflow orchestrator and distributed job scheduler.
+
+    Settings come from TREADLE_* environment variables, then from the settings file
+    (`treadle config show` prints them with their source), then from their defaults.
+    """
+    if config_path is not None:
+        # In the environment, so the processes this one starts read the same file.
+        os.environ["TREADLE_CONFIG"] = str(Path(config_path).expanduser().absolute())
     ctx.obj = Context()
 
 
