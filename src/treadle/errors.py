@@ -11,6 +11,7 @@ TreadleError
 ├── InvalidRequest         input from a user that cannot be accepted (names the problem)
 │   ├── ParamsInvalid      a trigger's conf breaks the DAG's params schema or rules (dag_id, violations)
 │   ├── RunNotAllowed      the DAG's contract refuses this kind of run (dag_id, run_kind, setting)
+│   ├── DagInactive        the DAG's file is gone or no longer defines it (dag_id, fileloc)
 │   └── RunCancelledError  a requeue would run work in a cancelled run (run_id, task_id)
 ├── ClearConflict          task instances moved while a clear read them (run_id; nothing applied)
 ├── NotLeader              the leader lease is lost: the caller stands down (holder, epoch)
@@ -138,6 +139,21 @@ class RunNotAllowed(InvalidRequest):
         ask = f"; its owner is {owner!r}" if owner else ""
         super().__init__(
             message or f"DAG {dag_id!r} does not allow {run_kind}: its contract sets {setting}=False{ask}"
+        )
+
+
+class DagInactive(InvalidRequest):
+    """The last sync of the DAG folder found the DAG's file gone or no longer defining it."""
+
+    def __init__(self, message: str | None = None, *, dag_id: str, fileloc: str) -> None:
+        self.dag_id = dag_id
+        #: The file the DAG was last registered from.
+        self.fileloc = fileloc
+        super().__init__(
+            message
+            or f"DAG {dag_id!r} is inactive: the last sync of the DAG folder found {fileloc or 'its file'} "
+            "deleted or no longer defining it (its runs and history are kept); restore it and run "
+            "`treadle dags sync` to make it active again"
         )
 
 

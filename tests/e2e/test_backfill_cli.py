@@ -61,7 +61,7 @@ def test_dry_run_validation_and_operator_commands(sqlite_url: str, cluster: Call
     assert dry.stdout.count(" create ") == 5, dry.stdout
     first = (START + timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S")
     second = (START + timedelta(hours=2)).strftime("%Y-%m-%d %H:%M:%S")
-    assert f"{first} -> {second}" in dry.stdout
+    assert f"{first} UTC -> {second} UTC" in dry.stdout
     assert "would handle 5 interval(s): 5 create; nothing was recorded (dry run)" in dry.stdout
     plan = c.cli_json("backfill", "hourly", "--from", _k(1), "--to", _k(5), "--reason", "r", "--dry-run")
     assert plan["total"] == 5 and plan["dry_run"] is True

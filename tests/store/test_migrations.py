@@ -106,3 +106,51 @@ def test_upgrade_gives_old_rows_their_deadlines(empty_db_url: str) -> None:
     assert rows["queued_one"].dispatch_deadline.isoformat() == "2026-01-01T10:10:00+00:00"
     assert migrate.drift(db) == []
     db.dispose()
+
+
+def test_revisions_read_from_file_names_are_alembics_chain() -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from treadle.store import revisions
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrate.__file__).parent / "migrations"))
+    script = ScriptDirectory.from_config(cfg)
+    chain = [rev.revision for rev in script.walk_revisions()][::-1]
+    assert list(revisions.known_revisions()) == chain
+    assert revisions.head_revision() == script.get_current_head()
+
+
+def test_a_database_recording_two_revisions_is_refused(db: Database) -> None:
+    from treadle.errors import SchemaOutOfDate
+
+    with db.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO alembic_version (version_num) VALUES ('0001')")
+    with pytest.raises(SchemaOutOfDate, match=r"several schema revisions \(0001, "):
+        migrate.current_revision(db)
+
+
+def test_reading_runs_imports_no_alembic(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert _cli(["db", "upgrade"], url).returncode == 0
+    probe = (
+        "import sys\n"
+        "from treadle.cli.main import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print(sorted(m for m in ('alembic', 'rich', 'jsonschema', 'fastapi', 'psycopg')"
+        " if m in sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "runs", "list", "--json"],
+        env={"TREADLE_DATABASE_URL": url, "PATH": "/usr/bin:/bin"},
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert done.stderr.strip().splitlines()[-1] == "[]"

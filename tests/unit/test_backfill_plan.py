@@ -187,3 +187,36 @@ def test_next_intervals_wait_for_an_interval_still_open() -> None:
     )
     assert taken == [(T0 + 9 * HOUR, T0 + 10 * HOUR)]
     assert after == T0 + 11 * HOUR
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Singapore", "America/Los_Angeles", "Europe/Paris"])
+def test_a_to_date_alone_takes_in_every_logical_date_of_that_day_in_the_dags_zone(zone: str) -> None:
+    tz = ZoneInfo(zone)
+    # 23:30 each day: the last logical date of the --to day, on either side of a DST change.
+    spec = ScheduleSpec(kind="cron", cron="30 23 * * *", timezone=zone, max_active_runs=16)
+    now = datetime(2026, 3, 20, tzinfo=UTC)
+
+    checked = bp.check_range(
+        "d", spec, from_date="2026-03-01", to_date="2026-03-10", max_active=None, max_span_days=366, now=now
+    )
+
+    local = [logical.astimezone(tz) for logical, _ in checked.intervals]
+    assert [(d.day, d.hour, d.minute) for d in local] == [(day, 23, 30) for day in range(1, 11)]
+    assert checked.to_date == datetime(2026, 3, 11, tzinfo=tz).astimezone(UTC) - timedelta(microseconds=1)
+
+
+def test_a_to_date_with_a_time_is_that_instant_and_a_from_date_alone_starts_its_day() -> None:
+    spec = ScheduleSpec(kind="cron", cron="0 2 * * *", timezone="Asia/Singapore", max_active_runs=16)
+    now = datetime(2026, 3, 20, tzinfo=UTC)
+    checked = bp.check_range(
+        "d",
+        spec,
+        from_date="2026-03-01",
+        to_date="2026-03-03T01:59:59",
+        max_active=None,
+        max_span_days=366,
+        now=now,
+    )
+    tz = ZoneInfo("Asia/Singapore")
+    assert [logical.astimezone(tz).day for logical, _ in checked.intervals] == [1, 2]
+    assert bp.read_date("2026-03-01", tz, "--from", whole_day=False) == datetime(2026, 3, 1, tzinfo=tz)

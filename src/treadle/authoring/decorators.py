@@ -311,9 +311,10 @@ def dag(
     `dst_gap` ("shift"|"skip") and `dst_overlap` ("first"|"both") override the daylight-saving
     policy for fixed-hour cron entries.
     `params`: name -> `Param` (or a plain default) validated as JSON Schema at every trigger;
-    unknown conf keys are rejected unless `allow_extra_params`. `max_active_tasks` caps how
-    many of its task instances run at once, across all its runs. `param_rules`: cross-field
-    `ParamRule`s checked with the params at every trigger.
+    unknown conf keys are rejected unless `allow_extra_params`. A DAG that declares no params
+    has nothing to check a conf against: it takes any conf object as given (every key passes).
+    `max_active_tasks` caps how many of its task instances run at once, across all its runs.
+    `param_rules`: cross-field `ParamRule`s checked with the params at every trigger.
 
     The contract (all optional, shown by `treadle dags show`): `purpose`; `criticality` (low,
     medium, high, critical); `inlets` and `outlets`, the datasets it reads and writes (its outputs

@@ -54,7 +54,7 @@ def build_app(ctx: Context, *, host: str) -> FastAPI:
     )
 
     settings = ctx.settings
-    api_settings = ApiSettings.from_env()
+    api_settings = ApiSettings.from_env(ctx.layered.env)
     local = is_local_sqlite(settings.database_url)
     db = ctx.db_upgraded("treadle-api") if local else ctx.db
     announce_bootstrap(db, api_settings)

@@ -24,7 +24,13 @@ SHOW_RUNS = 100
 @cli.command("backfill")
 @click.argument("dag_id")
 @click.option("--from", "from_date", required=True, help="First logical date (ISO date or date-time).")
-@click.option("--to", "to_date", required=True, help="Last logical date, inclusive (ISO date or date-time).")
+@click.option(
+    "--to",
+    "to_date",
+    required=True,
+    help="Last logical date, inclusive (ISO date or date-time; a date alone is that whole day "
+    "in the DAG's time zone).",
+)
 @click.option("--reason", default=None, help="Why these intervals run (required; recorded in the audit log).")
 @click.option(
     "--max-active", type=int, default=None, help="Most runs active at once [DAG's max_active_runs]."
@@ -97,7 +103,7 @@ def backfill_cmd(
         return
     click.echo(
         f"backfill {info.id} created: DAG {info.dag_id}, {info.total} interval(s) with logical dates "
-        f"{fmt_time(info.from_date)} .. {fmt_time(info.to_date)} UTC, at most {info.max_active} run(s) "
+        f"{fmt_time(info.from_date)} .. {fmt_time(info.to_date)}, at most {info.max_active} run(s) "
         f"active, mode {info.mode}, rerun {info.rerun}"
     )
     if _dag_paused(ctx, dag_id):
@@ -120,7 +126,7 @@ def _print_plan(plan: BackfillPlan, *, as_json: bool) -> None:
     zone = ZoneInfo(plan.timezone)
 
     def local(value: datetime) -> str:
-        return value.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+        return value.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
 
     table(
         f"dry run: backfill of {plan.dag_id} ({plan.timezone}), {plan.total} interval(s), "
@@ -162,7 +168,7 @@ def _watch(ctx: Context, backfill_id: int, total: int) -> None:
             MofNCompleteColumn(),
             TextColumn("{task.fields[counts]}"),
             TimeElapsedColumn(),
-            console=console,
+            console=console(),
         ) as progress:
             bar = progress.add_task("backfill", total=total, counts="waiting for the scheduler")
             while True:
@@ -231,7 +237,7 @@ def show_cmd(ctx: Context, backfill_id: int, as_json: bool) -> None:
     click.echo(f"backfill {b.id}  dag {b.dag_id}  state {b.state}  by {b.requested_by}")
     click.echo(f"reason: {b.reason}")
     click.echo(
-        f"logical dates {fmt_time(b.from_date)} .. {fmt_time(b.to_date)} UTC  mode {b.mode}  "
+        f"logical dates {fmt_time(b.from_date)} .. {fmt_time(b.to_date)}  mode {b.mode}  "
         f"rerun {b.rerun}  max active {b.max_active}"
     )
     click.echo(

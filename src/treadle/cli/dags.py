@@ -30,7 +30,11 @@ def dags_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
 def list_cmd(ctx: Context, as_json: bool) -> None:
-    """List registered DAGs with their schedule and next fire time."""
+    """List registered DAGs with their schedule and next fire time, active or not.
+
+    A DAG is inactive when the last sync of the DAG folder found its file deleted or no longer
+    defining it: its runs stay, it cannot be triggered and its schedule does not fire.
+    """
     found = queries.list_dags(ctx.db)
     schedules = list_schedules(ctx.db)
     if as_json:
@@ -40,7 +44,7 @@ def list_cmd(ctx: Context, as_json: bool) -> None:
                     **to_jsonable(d),
                     "schedule": schedules[d.dag_id].spec or None if d.dag_id in schedules else None,
                     "next_fire_at": to_jsonable(schedules[d.dag_id].next_fire_at)
-                    if d.dag_id in schedules
+                    if d.dag_id in schedules and d.is_active
                     else None,
                 }
                 for d in found
@@ -49,13 +53,14 @@ def list_cmd(ctx: Context, as_json: bool) -> None:
         return
     table(
         "DAGs",
-        ["dag id", "schedule", "next fire", "paused", "owner", "tags", "version", "file"],
+        ["dag id", "schedule", "next fire", "paused", "active", "owner", "tags", "version", "file"],
         [
             (
                 d.dag_id,
                 describe(schedules[d.dag_id].spec) if d.dag_id in schedules else "manual",
-                fmt_time(schedules[d.dag_id].next_fire_at) if d.dag_id in schedules else "",
+                fmt_time(schedules[d.dag_id].next_fire_at) if d.dag_id in schedules and d.is_active else "",
                 d.is_paused,
+                "yes" if d.is_active else "no: file gone or no longer defines it",
                 d.owner,
                 ",".join(d.tags),
                 (d.version_hash or "")[:12],
@@ -87,7 +92,11 @@ def show_cmd(ctx: Context, dag_id: str, runs: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
 def sync_cmd(ctx: Context, as_json: bool) -> None:
-    """Import the DAG folder now and register its DAGs and load errors (for deploy pipelines)."""
+    """Import the DAG folder now and register its DAGs and load errors (for deploy pipelines).
+
+    DAGs whose file is gone or no longer defines them become inactive (their history stays);
+    one that comes back is active again.
+    """
     from treadle.worker.worker import sync_dag_folder
 
     report, _ = sync_dag_folder(
@@ -100,6 +109,8 @@ def sync_cmd(ctx: Context, as_json: bool) -> None:
         f"synced {report.dags} DAG(s) from {ctx.settings.dags_folder}; "
         f"{report.errors} file(s) with load errors"
     )
+    for dag_id, fileloc in report.deactivated:
+        click.echo(f"DAG {dag_id} is now inactive: {fileloc} is gone or no longer defines it")
     if report.errors:
         click.echo("see `treadle dags errors`")
 
@@ -244,7 +255,7 @@ def next_cmd(ctx: Context, dag_id: str, count: int, after: str | None, as_json: 
         ["fire (UTC)", "fire (local)", "logical date (local)", "data interval (local)"],
         [
             (
-                s.fire_at.strftime("%Y-%m-%d %H:%M:%S"),
+                fmt_time(s.fire_at),
                 local(s.fire_at),
                 local(s.logical_date),
                 f"{local(s.data_interval_start)} -> {local(s.data_interval_end)}",

@@ -99,11 +99,11 @@ def prune(
     if as_json:
         emit_json(report)
         return
-    click.echo(f"cutoff {fmt_time(report.cutoff)} UTC (database time minus {older_than})")
+    click.echo(f"cutoff {fmt_time(report.cutoff)} (database time minus {older_than})")
     if report.audit_cutoff is None:
         click.echo("audit log kept (no --audit-older-than, TREADLE_AUDIT_RETENTION_DAYS unset)")
     else:
-        click.echo(f"audit entries before {fmt_time(report.audit_cutoff)} UTC")
+        click.echo(f"audit entries before {fmt_time(report.audit_cutoff)}")
     table(
         "Would delete (dry run)" if dry_run else f"Deleted in {report.batches} batches",
         ["table", "rows"],

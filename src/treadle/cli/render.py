@@ -6,15 +6,23 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-# Piped output is read by people in logs too: do not squeeze tables to 80 columns there.
-console = Console(width=None if sys.stdout.isatty() else 160)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@cache
+def console() -> Console:
+    """The console tables print on (rich is imported only by commands that print tables)."""
+    from rich.console import Console
+
+    # Piped output is read by people in logs too: do not squeeze tables to 80 columns there.
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -36,8 +44,8 @@ def emit_json(value: Any) -> None:
 
 
 def fmt_time(value: datetime | None) -> str:
-    """Short UTC time for tables."""
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+    """A time for people: to the second, in UTC, saying so ("2026-05-01 12:00:00 UTC")."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -49,9 +57,11 @@ def fmt_duration(seconds: float | None) -> str:
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """Print a table."""
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left")
     for c in columns:
         t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(*["-" if v is None else str(v) for v in r])
-    console.print(t)
+    console().print(t)

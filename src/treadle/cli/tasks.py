@@ -13,13 +13,15 @@ from typing import Any
 import click
 
 from treadle.authoring.context import TaskContext
-from treadle.authoring.loader import load_folder
-from treadle.authoring.specs import TaskNode
+from treadle.authoring.loader import load_file, load_folder, make_importable
+from treadle.authoring.specs import Dag, TaskNode
 from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
+from treadle.domain.conf_limits import check_conf_depth, check_conf_limits, json_text_depth
+from treadle.domain.params import resolve_params
 from treadle.engine import inspection
 from treadle.engine.clearing import clear_tasks
-from treadle.errors import DagNotFound, InvalidRequest
+from treadle.errors import DagDefinitionError, DagNotFound, InvalidRequest, TreadleError
 from treadle.worker.attempt_log import AttemptLog
 from treadle.worker.command import run_command, write_manifest
 
@@ -60,13 +62,12 @@ def test_cmd(
 ) -> None:
     """Run TASK_ID of DAG_ID in-process and print its result (nothing is recorded).
 
+    The DAG is imported from the file the database registered it from (so this works wherever
+    the scheduler's DAG folder is), else from the DAG folder (TREADLE_DAGS_FOLDER). --conf is
+    checked against the DAG's params and their defaults filled in, exactly as a trigger does.
     A mapped task runs with element --map-index of the list given for the task it maps over.
     """
-    loaded = load_folder(ctx.settings.dags_folder, time_limit_s=ctx.settings.dag_import_timeout_s)
-    dag = loaded.dags.get(dag_id)
-    if dag is None:
-        hint = f"; load errors: {', '.join(loaded.errors)}" if loaded.errors else ""
-        raise DagNotFound(f"no DAG {dag_id!r} in {ctx.settings.dags_folder}{hint}")
+    dag = _find_dag(ctx, dag_id)
     node = dag.tasks.get(task_id)
     if node is None:
         raise InvalidRequest(
@@ -81,10 +82,7 @@ def test_cmd(
             + ", ".join(missing)
             + "; pass them with --upstream TASK_ID=JSON"
         )
-    try:
-        params = json.loads(conf)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"--conf is not valid JSON: {exc}") from None
+    params = _params(dag, conf)
 
     def value(ref: Any) -> Any:
         return results.get(ref.upstream) if ref.upstream else ref.literal
@@ -107,6 +105,61 @@ def test_cmd(
     if node.command is not None:
         result = _test_command(ctx, node, dag_id=dag_id, argv=result, params=params)
     click.echo(json.dumps(result, indent=2, default=str))
+
+
+def _find_dag(ctx: Context, dag_id: str) -> Dag:
+    """DAG_ID imported from the file the registry recorded for it if that file still defines it,
+    else from the settings' DAG folder; DagNotFound naming where it looked."""
+    limit_s = ctx.settings.dag_import_timeout_s
+    recorded = _registered_file(ctx, dag_id)
+    if recorded is not None:
+        make_importable(recorded.parent)
+        dags, error = load_file(recorded, time_limit_s=limit_s)
+        if error is not None:
+            raise DagDefinitionError(
+                f"{recorded} (where DAG {dag_id!r} was registered from): {error.message}"
+            )
+        found = next((d for d in dags if d.dag_id == dag_id), None)
+        if found is not None:
+            return found
+    folder = ctx.settings.dags_folder
+    loaded = load_folder(folder, time_limit_s=limit_s)
+    dag = loaded.dags.get(dag_id)
+    if dag is None:
+        looked = f"{recorded} (registered) nor in {folder}" if recorded is not None else str(folder)
+        hint = f"; load errors: {', '.join(loaded.errors)}" if loaded.errors else ""
+        raise DagNotFound(f"no DAG {dag_id!r} in {looked} (TREADLE_DAGS_FOLDER){hint}")
+    return dag
+
+
+def _registered_file(ctx: Context, dag_id: str) -> Path | None:
+    """The file the database registered DAG_ID from, if it is registered and the file exists
+    (None without a usable database: `tasks test` works before anything was synced)."""
+    from treadle.engine import queries
+
+    try:
+        registered = queries.get_dag(ctx.db, dag_id)
+    except TreadleError:
+        return None
+    if registered is None or not registered.fileloc:
+        return None
+    path = Path(registered.fileloc)
+    return path if path.is_file() else None
+
+
+def _params(dag: Dag, conf: str) -> dict[str, Any]:
+    """The params a run triggered with `conf` would get: checked against the DAG's params schema
+    and rules (ParamsInvalid naming every problem), defaults filled in."""
+    check_conf_depth(json_text_depth(conf), source="--conf")
+    try:
+        parsed = json.loads(conf)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"--conf is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("--conf must be a JSON object")
+    check_conf_limits(parsed)
+    structure = dag.structure()
+    return resolve_params(dag.dag_id, structure.params_schema, parsed, rules=structure.param_rules)
 
 
 def _element(listed: Any, source: str | None, map_index: int) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from treadle.domain.records import RunInfo
@@ -98,18 +98,34 @@ class BackfillRange:
     open_left_out: bool
 
 
-def read_date(value: str | datetime, zone: ZoneInfo, what: str) -> datetime:
-    """An ISO date or date-time as UTC; a date or a time without offset is read in `zone`."""
+def read_date(value: str | datetime, zone: ZoneInfo, what: str, *, whole_day: bool = False) -> datetime:
+    """An ISO date or date-time as UTC; a date or a time without offset is read in `zone`.
+
+    A date alone (`2026-05-01`) is the start of that day in `zone`, or with `whole_day` (an
+    inclusive upper bound) its last microsecond, so that every logical date on that day is in.
+    """
     if isinstance(value, str):
+        text = value.strip()
         try:
-            parsed = datetime.fromisoformat(value.strip())
+            parsed = datetime.fromisoformat(text)
         except ValueError:
             raise InvalidRequest(f"{what} {value!r} is not an ISO-8601 date or date-time") from None
+        if whole_day and _is_date_alone(text):
+            next_day = datetime.combine(parsed.date() + timedelta(days=1), time(), tzinfo=zone)
+            return next_day.astimezone(UTC) - _US
     else:
         parsed = value
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         parsed = parsed.replace(tzinfo=zone)
     return parsed.astimezone(UTC)
+
+
+def _is_date_alone(text: str) -> bool:
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
 
 
 def check_options(*, reason: str, mode: str, rerun: str) -> str:
@@ -138,12 +154,13 @@ def check_range(
 ) -> BackfillRange:
     """Validate a backfill range of a timed schedule; InvalidRequest naming the problem.
 
-    Naive dates are read in the schedule's time zone; `max_active` defaults to the DAG's
+    Naive dates are read in the schedule's time zone, and a `to_date` that is a date alone means
+    the whole of that day there (read_date); `max_active` defaults to the DAG's
     `max_active_runs`, its upper bound.
     """
     zone = ZoneInfo(spec.timezone)
     start = read_date(from_date, zone, "--from")
-    end = read_date(to_date, zone, "--to")
+    end = read_date(to_date, zone, "--to", whole_day=True)
     if start > end:
         raise InvalidRequest(f"--from {start.isoformat()} is after --to {end.isoformat()}")
     span_days = (end - start) / timedelta(days=1)

@@ -23,6 +23,9 @@ class DagInfo:
     max_active_tasks: int | None = None
     #: The team that owns the DAG.
     team: str = "default"
+    #: False once a sync of its folder found its file gone or no longer defining it; its runs
+    #: and history stay, it cannot be triggered or scheduled until a sync finds it again.
+    is_active: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

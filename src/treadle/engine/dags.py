@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -10,10 +11,12 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure, DagVersion
 from treadle.domain.dataset_access import decide_outlets, describe_refusal
-from treadle.engine.schedules import register_schedule
+from treadle.engine.schedules import register_schedules
 from treadle.store import dags as dag_store
 from treadle.store import dataset_teams
 from treadle.store.database import Database, db_now
+
+log = logging.getLogger("treadle.engine")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,6 +26,9 @@ class SyncReport:
     dags: int
     errors: int
     versions: dict[str, int]
+    #: (DAG id, file) of the DAGs this sync marked inactive: their file is gone or no longer
+    #: defines them.
+    deactivated: tuple[tuple[str, str], ...] = ()
 
 
 def sync_dags(
@@ -33,28 +39,39 @@ def sync_dags(
     errors: dict[str, tuple[str, str]],
     folder: str | None = None,
 ) -> SyncReport:
-    """Register every structure (new content hash -> new version) and replace the load errors
-    (of `scanned_files`, and of every file under `folder` when given: the folder's full pass).
+    """Register every structure (new content hash -> new version; its DAG active), replace the
+    load errors (of `scanned_files`, and of every file under `folder` when given: the folder's
+    full pass) and mark inactive the DAGs whose file the pass imported, or which lie under
+    `folder`, that no structure defines any more (dag_store.deactivate_missing).
 
     A DAG that emits outlets to a dataset its team neither owns nor is granted is not registered
-    (a version already registered stays): its file gets a load error naming the dataset, its
-    owner and the team. Datasets nobody owns yet become the emitting DAG's team's
-    (domain/dataset_access.py).
+    (a version already registered stays, and so does the DAG's active mark): its file gets a load
+    error naming the dataset, its owner and the team. Datasets nobody owns yet become the
+    emitting DAG's team's (domain/dataset_access.py).
     """
     found_errors = dict(errors)
 
-    def work(conn: Connection) -> dict[str, int]:
+    def work(conn: Connection) -> tuple[dict[str, int], list[tuple[str, str]]]:
         now = db_now(conn)
         accepted = _check_outlets(conn, structures, found_errors, now=now)
-        versions = {s.dag_id: dag_store.upsert_dag_version(conn, s, now=now) for s in accepted}
-        for structure in accepted:
-            register_schedule(conn, structure, now=now)
+        versions = dag_store.register_versions(conn, accepted, now=now)
+        register_schedules(conn, accepted, now=now)
         scanned = sorted({*scanned_files, *(where for where in found_errors if where not in errors)})
         dag_store.replace_load_errors(conn, scanned=scanned, errors=found_errors, now=now, folder=folder)
-        return versions
+        gone = dag_store.deactivate_missing(
+            conn, present=versions, scanned=scanned_files, failed=found_errors, folder=folder, now=now
+        )
+        return versions, gone
 
-    versions = db.transact(work, retry_conflicts=True)
-    return SyncReport(dags=len(versions), errors=len(found_errors), versions=versions)
+    versions, gone = db.transact(work, retry_conflicts=True)
+    for dag_id, fileloc in gone:
+        log.info(
+            "DAG marked inactive: its file is gone or no longer defines it",
+            extra={"event": "dag.deactivated", "dag_id": dag_id, "file": fileloc},
+        )
+    return SyncReport(
+        dags=len(versions), errors=len(found_errors), versions=versions, deactivated=tuple(gone)
+    )
 
 
 def _check_outlets(

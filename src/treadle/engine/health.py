@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from treadle.engine.scheduling import LEADER_LEASE
 from treadle.errors import TreadleError
-from treadle.store import leases, migrate
+from treadle.store import leases, revisions
 from treadle.store.database import Database, db_now
 
 
@@ -31,7 +31,7 @@ def readiness(db: Database, *, scheduler_window_s: float) -> list[CheckResult]:
             CheckResult(name="scheduler", ok=False, detail="not checked: the database is unreachable"),
         ]
     checks = [CheckResult(name="database", ok=True, detail="reachable")]
-    current, head = migrate.current_revision(db), migrate.head_revision()
+    current, head = revisions.current_revision(db), revisions.head_revision()
     checks.append(
         CheckResult(
             name="schema",

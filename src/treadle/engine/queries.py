@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure
+from treadle.domain.graph import topological_order
 from treadle.domain.records import (
     AttemptInfo,
     DagInfo,
@@ -18,8 +19,6 @@ from treadle.domain.records import (
     WorkerInfo,
 )
 from treadle.domain.secret_params import mask_run
-from treadle.engine.dags import versions_of
-from treadle.engine.diagnosis import live_workers
 from treadle.errors import DagNotFound, RunNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import dags as dag_store
@@ -32,7 +31,8 @@ from treadle.store.database import Database, db_now
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunDetail:
-    """A run with its task instances, attempts and results."""
+    """A run with its task instances (in the DAG's topological order, ties by task id), attempts
+    and results."""
 
     run: RunInfo
     task_instances: list[TaskInstanceInfo]
@@ -66,6 +66,8 @@ def list_runs(db: Database, *, dag_id: str | None = None, limit: int = 50) -> li
 
 def runs_for_operators(db: Database, conn: Connection, runs: list[RunInfo]) -> list[RunInfo]:
     """The runs as operators may see them: params their DAG version marks secret masked."""
+    from treadle.engine.dags import versions_of
+
     versions = versions_of(db, conn, {r.dag_version_id for r in runs})
     return [mask_run(r, versions[r.dag_version_id].structure.params_schema) for r in runs]
 
@@ -84,14 +86,27 @@ def run_detail(db: Database, run_id: str) -> RunDetail:
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
         (shown,) = runs_for_operators(db, conn, [run])
+        from treadle.engine.dags import versions_of
+
+        structure = versions_of(db, conn, [run.dag_version_id])[run.dag_version_id].structure
         return RunDetail(
             run=shown,
-            task_instances=ti_store.list_for_run(conn, run_id),
+            task_instances=in_task_order(ti_store.list_for_run(conn, run_id), structure),
             attempts=attempt_store.list_attempts(conn, run_id=run_id),
             results=attempt_store.results_of_run(conn, run_id),
         )
 
     return db.query(work)
+
+
+def in_task_order(instances: list[TaskInstanceInfo], structure: DagStructure) -> list[TaskInstanceInfo]:
+    """Task instances in the DAG's topological order (ties by task id), a mapped task's
+    instances by map index; instances of tasks the version does not know come last."""
+    order = topological_order({t: d.upstream for t, d in structure.tasks.items()})
+    position = {task_id: n for n, task_id in enumerate(order)}
+    return sorted(
+        instances, key=lambda t: (position.get(t.task_id, len(order)), t.task_id, t.map_index, t.id)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +126,8 @@ def list_queues(db: Database, *, worker_stale_s: float) -> list[QueueView]:
     def work(conn: Connection) -> list[QueueView]:
         now = db_now(conn)
         stats = {s.queue: s for s in queue_store.queue_stats(conn)}
+        from treadle.engine.diagnosis import live_workers
+
         live = live_workers(worker_store.list_workers(conn), now=now, stale_s=worker_stale_s)
         names = sorted(set(stats) | {q for w in live for q in w.queues})
         views = []
@@ -164,6 +181,8 @@ def dag_structure(db: Database, dag_id: str) -> DagStructure:
         dag = dag_store.get_dag(conn, dag_id)
         if dag is None or dag.latest_version_id is None:
             raise DagNotFound(f"no DAG {dag_id!r} is registered")
+        from treadle.engine.dags import versions_of
+
         return versions_of(db, conn, [dag.latest_version_id])[dag.latest_version_id].structure
 
     return db.query(work)

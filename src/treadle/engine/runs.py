@@ -20,7 +20,7 @@ from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import TriggerRule
 from treadle.engine.admission import record_refusal, require_admission
 from treadle.engine.dags import version_of
-from treadle.errors import DagNotFound, Overloaded, RunCancelledError, RunNotAllowed, RunNotFound
+from treadle.errors import DagInactive, DagNotFound, Overloaded, RunCancelledError, RunNotAllowed, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import dags as dag_store
 from treadle.store import runs as run_store
@@ -46,7 +46,8 @@ def trigger_run(
 ) -> RunInfo:
     """Create a run of the DAG's latest version with its roots queued, in one transaction.
 
-    A manual run of a DAG whose contract sets `manual_runs=False` is refused (RunNotAllowed).
+    A manual run of a DAG whose contract sets `manual_runs=False` is refused (RunNotAllowed), and
+    any run of an inactive DAG (DagInactive: its file is gone or no longer defines it).
     The conf is validated against the DAG's params schema and rules first (every violation
     reported with its JSON path, nothing created). Tasks without their own `queue_timeout` get
     `default_queue_timeout_s`, those without a `timeout` `default_task_timeout_s` (None: none),
@@ -63,6 +64,8 @@ def trigger_run(
         dag = dag_store.get_dag(conn, dag_id)
         if dag is None or dag.latest_version_id is None:
             raise DagNotFound(f"no DAG {dag_id!r} is registered (run `treadle dags sync`?)")
+        if not dag.is_active:
+            raise DagInactive(dag_id=dag_id, fileloc=dag.fileloc)
         version = version_of(db, conn, dag.latest_version_id)
         require_run_allowed(version.structure, run_type)
         structure = version.structure

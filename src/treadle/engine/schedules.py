@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -43,26 +44,36 @@ def initial_next_fire(spec: ScheduleSpec, *, last_fire_at: datetime | None, now:
     return nxt if nxt is not None and table.allowed(nxt) else None
 
 
-def register_schedule(conn: Connection, structure: DagStructure, *, now: datetime) -> None:
-    """Keep a DAG's schedule row in step with its latest registered structure.
+def register_schedules(conn: Connection, structures: Sequence[DagStructure], *, now: datetime) -> None:
+    """Keep each DAG's schedule row in step with its latest registered structure.
 
-    An unchanged spec keeps its watermark untouched. A changed spec keeps `last_fire_at` and
-    recomputes the next fire time from it. A DAG that no longer has a schedule keeps its row
-    (and watermark) with no next fire time.
+    An unchanged spec keeps its watermark untouched (and its row unwritten). A changed spec
+    keeps `last_fire_at` and recomputes the next fire time from it. A DAG that no longer has a
+    schedule keeps its row (and watermark) with no next fire time. Reads and writes are batched.
     """
-    current = schedule_store.get(conn, structure.dag_id)
-    spec = structure.schedule
-    spec_json = spec.to_json() if spec else {}
-    kind = spec.kind if spec else "none"
-    if current is not None and current.spec == spec_json and current.kind == kind:
-        return
-    if current is None and spec is None:
-        return
-    last = current.last_fire_at if current else None
-    nxt = initial_next_fire(spec, last_fire_at=last, now=now) if spec else None
-    schedule_store.put(
-        conn, structure.dag_id, kind=kind, spec=spec_json, last_fire_at=last, next_fire_at=nxt, now=now
-    )
+    current = schedule_store.get_many(conn, [s.dag_id for s in structures])
+    rows: list[dict[str, Any]] = []
+    for structure in structures:
+        found = current.get(structure.dag_id)
+        spec = structure.schedule
+        spec_json = spec.to_json() if spec else {}
+        kind = spec.kind if spec else "none"
+        if found is not None and found.spec == spec_json and found.kind == kind:
+            continue
+        if found is None and spec is None:
+            continue
+        last = found.last_fire_at if found else None
+        nxt = initial_next_fire(spec, last_fire_at=last, now=now) if spec else None
+        rows.append(
+            {
+                "dag_id": structure.dag_id,
+                "kind": kind,
+                "spec": spec_json,
+                "last_fire_at": last,
+                "next_fire_at": nxt,
+            }
+        )
+    schedule_store.put_many(conn, rows, existing=set(current), now=now)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -12,27 +13,75 @@ from treadle.domain.dag_version import DagStructure
 from treadle.domain.records import DagInfo, LoadErrorInfo
 from treadle.store.tables import dag_load_errors, dag_versions, dags
 
+T = TypeVar("T")
 
-def upsert_dag_version(conn: Connection, structure: DagStructure, *, now: datetime) -> int:
-    """Register a DAG's structure; a new content hash becomes a new version. Returns its id."""
-    digest = structure.content_hash()
-    version_id = conn.execute(
-        sa.select(dag_versions.c.id).where(
-            dag_versions.c.dag_id == structure.dag_id, dag_versions.c.version_hash == digest
+
+#: Rows per statement of a batched sync: well under every dialect's bound-parameter limit.
+BATCH = 500
+
+
+def _chunks(items: Sequence[T], size: int = BATCH) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def register_versions(
+    conn: Connection, structures: Sequence[DagStructure], *, now: datetime
+) -> dict[str, int]:
+    """Register DAGs' structures (a new content hash becomes a new version; the DAG is active);
+    returns each DAG's version id. Statements are batched: one read of the known versions and of the
+    DAG rows per BATCH DAGs, one executemany for the new versions, the new DAGs and the DAGs
+    whose registered fields changed (an unchanged DAG is not written at all)."""
+    digests = {s.dag_id: s.content_hash() for s in structures}
+    versions = _version_ids(conn, digests)
+    new = [s for s in structures if s.dag_id not in versions]
+    if new:
+        conn.execute(
+            sa.insert(dag_versions),
+            [
+                {
+                    "dag_id": s.dag_id,
+                    "version_hash": digests[s.dag_id],
+                    "structure": s.to_json(),
+                    "created_at": now,
+                }
+                for s in new
+            ],
         )
-    ).scalar()
-    if version_id is None:
-        version_id = conn.execute(
-            sa.insert(dag_versions)
-            .values(
-                dag_id=structure.dag_id,
-                version_hash=digest,
-                structure=structure.to_json(),
-                created_at=now,
-            )
-            .returning(dag_versions.c.id)
-        ).scalar_one()
-    values = {
+        versions.update(_version_ids(conn, {s.dag_id: digests[s.dag_id] for s in new}))
+    current = _registered(conn, [s.dag_id for s in structures])
+    inserts: list[dict[str, object]] = []
+    updates: list[dict[str, object]] = []
+    for s in structures:
+        values = _registered_values(s, versions[s.dag_id])
+        found = current.get(s.dag_id)
+        if found is None:
+            inserts.append({"dag_id": s.dag_id, **values, "updated_at": now})
+        elif found != values:
+            updates.append({"key": s.dag_id, **values, "updated_at": now})
+    if inserts:
+        conn.execute(sa.insert(dags), inserts)
+    if updates:
+        stmt = sa.update(dags).where(dags.c.dag_id == sa.bindparam("key"))
+        conn.execute(stmt.values({c: sa.bindparam(c) for c in updates[0] if c != "key"}), updates)
+    return versions
+
+
+#: The columns of `dags` a sync writes from a structure (with updated_at).
+_REGISTERED = (
+    "owner",
+    "description",
+    "tags",
+    "fileloc",
+    "latest_version_id",
+    "max_active_tasks",
+    "team",
+    "is_active",
+)
+
+
+def _registered_values(structure: DagStructure, version_id: int) -> dict[str, object]:
+    return {
         "owner": structure.owner,
         "description": structure.description,
         "tags": list(structure.tags),
@@ -41,12 +90,60 @@ def upsert_dag_version(conn: Connection, structure: DagStructure, *, now: dateti
         "max_active_tasks": structure.max_active_tasks,
         "team": structure.team,
         "is_active": True,
-        "updated_at": now,
     }
-    updated = conn.execute(sa.update(dags).where(dags.c.dag_id == structure.dag_id).values(**values)).rowcount
-    if not updated:
-        conn.execute(sa.insert(dags).values(dag_id=structure.dag_id, **values))
-    return int(version_id)
+
+
+def _registered(conn: Connection, dag_ids: Sequence[str]) -> dict[str, dict[str, object]]:
+    """The registered fields of those DAGs that have a row, by id."""
+    found: dict[str, dict[str, object]] = {}
+    columns = [dags.c[c] for c in _REGISTERED]
+    for chunk in _chunks(dag_ids):
+        for row in conn.execute(sa.select(dags.c.dag_id, *columns).where(dags.c.dag_id.in_(chunk))):
+            m = row._mapping
+            found[m["dag_id"]] = {
+                **{c: m[c] for c in _REGISTERED},
+                "tags": list(m["tags"] or ()),
+                "is_active": bool(m["is_active"]),
+            }
+    return found
+
+
+def _version_ids(conn: Connection, digests: dict[str, str]) -> dict[str, int]:
+    """Ids of the versions with these (DAG id, content hash) pairs that exist, by DAG id."""
+    found: dict[str, int] = {}
+    key = sa.tuple_(dag_versions.c.dag_id, dag_versions.c.version_hash)
+    for chunk in _chunks(list(digests.items())):
+        stmt = sa.select(dag_versions.c.dag_id, dag_versions.c.id).where(key.in_(chunk))
+        found.update({r.dag_id: int(r.id) for r in conn.execute(stmt)})
+    return found
+
+
+def deactivate_missing(
+    conn: Connection,
+    *,
+    present: Iterable[str],
+    scanned: Iterable[str],
+    failed: Iterable[str],
+    folder: str | None,
+    now: datetime,
+) -> list[tuple[str, str]]:
+    """Mark inactive the active DAGs a folder pass should have found and did not: those whose
+    file was imported cleanly (`scanned`) or, for a full pass of `folder`, lies under it, but
+    which no structure of the pass (`present`) defines. A file that failed to import (`failed`)
+    keeps its DAGs active: its load error says what is wrong. Returns (dag id, file) of each."""
+    present, scanned, failed = set(present), set(scanned), set(failed)
+    prefix = folder.rstrip("/") + "/" if folder is not None else None
+    rows = conn.execute(sa.select(dags.c.dag_id, dags.c.fileloc).where(dags.c.is_active == sa.true()))
+    gone = [
+        (r.dag_id, r.fileloc)
+        for r in rows
+        if r.dag_id not in present
+        and r.fileloc not in failed
+        and (r.fileloc in scanned or (prefix is not None and r.fileloc.startswith(prefix)))
+    ]
+    for chunk in _chunks([dag_id for dag_id, _ in gone]):
+        conn.execute(sa.update(dags).where(dags.c.dag_id.in_(chunk)).values(is_active=False, updated_at=now))
+    return sorted(gone)
 
 
 def replace_load_errors(
@@ -60,12 +157,11 @@ def replace_load_errors(
     """Record the load errors of one folder pass: files that now load cleanly lose their error,
     and so do files under `folder` that are gone (deleted or renamed)."""
     scanned = set(scanned) | set(errors)
-    if folder is not None:
-        prefix = folder.rstrip("/") + "/"
-        recorded = conn.execute(sa.select(dag_load_errors.c.fileloc)).scalars()
-        scanned |= {f for f in recorded if f.startswith(prefix)}
-    if scanned:
-        conn.execute(sa.delete(dag_load_errors).where(dag_load_errors.c.fileloc.in_(scanned)))
+    prefix = folder.rstrip("/") + "/" if folder is not None else None
+    recorded = conn.execute(sa.select(dag_load_errors.c.fileloc)).scalars()
+    stale = sorted(f for f in recorded if f in scanned or (prefix is not None and f.startswith(prefix)))
+    for chunk in _chunks(stale):
+        conn.execute(sa.delete(dag_load_errors).where(dag_load_errors.c.fileloc.in_(chunk)))
     if errors:
         conn.execute(
             sa.insert(dag_load_errors),
@@ -108,6 +204,7 @@ def _dag_info(row: sa.Row[tuple[object, ...]]) -> DagInfo:
         updated_at=m["updated_at"],
         max_active_tasks=m["max_active_tasks"],
         team=m["team"],
+        is_active=bool(m["is_active"]),
     )
 
 

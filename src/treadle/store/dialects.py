@@ -16,8 +16,6 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
-from psycopg.types.json import Jsonb
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from treadle.store.tables import UTCDateTime
@@ -195,11 +193,10 @@ def upsert(conn: Connection, table: sa.Table, *, key: str, update: Sequence[str]
     found = _UPSERTS.get(cache_key)
     if found is None:
         if conn.dialect.name == "mysql":
-            mine = mysql.insert(table)
+            mine = _dialect_insert(conn)(table)
             found = mine.on_duplicate_key_update({c: mine.inserted[c] for c in update})
         else:
-            insert: Any = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-            stmt = insert(table)
+            stmt = _dialect_insert(conn)(table)
             found = stmt.on_conflict_do_update(
                 index_elements=[table.c[key]], set_={c: stmt.excluded[c] for c in update}
             )
@@ -249,8 +246,27 @@ def insert_ignore(conn: Connection, table: sa.Table) -> Any:
     """INSERT that skips rows whose key exists (ON CONFLICT DO NOTHING / INSERT IGNORE)."""
     if conn.dialect.name == "mysql":
         return sa.insert(table).prefix_with("IGNORE")
-    insert: Any = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    return insert(table).on_conflict_do_nothing()
+    return _dialect_insert(conn)(table).on_conflict_do_nothing()
+
+
+def _dialect_insert(conn: Connection) -> Any:
+    """The connection's dialect's own `insert` (with its ON CONFLICT / ON DUPLICATE KEY forms).
+
+    Imported here, not at the top: a command on SQLite need not load the PostgreSQL and MySQL
+    dialects (and their drivers) to start.
+    """
+    name = conn.dialect.name
+    if name == "mysql":
+        from sqlalchemy.dialects import mysql
+
+        return mysql.insert
+    if name == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert
 
 
 def lock_row(stmt: SelectT, conn: Connection, *, shared: bool = False) -> SelectT:
@@ -272,6 +288,8 @@ def insert_many(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]
     if conn.dialect.name != "postgresql":
         conn.execute(sa.insert(table), list(rows))
         return
+    from psycopg.types.json import Jsonb
+
     columns = list(rows[0])
     as_json = [isinstance(table.c[c].type, sa.JSON) for c in columns]
     quote = conn.dialect.identifier_preparer.quote

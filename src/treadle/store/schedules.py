@@ -85,6 +85,31 @@ def put(
         conn.execute(sa.insert(schedules).values(dag_id=dag_id, **values))
 
 
+def get_many(conn: Connection, dag_ids: Sequence[str], *, batch: int = 500) -> dict[str, ScheduleRow]:
+    """The schedules of those DAGs that have one, by DAG id (one read per `batch` ids)."""
+    found: dict[str, ScheduleRow] = {}
+    for start in range(0, len(dag_ids), batch):
+        chunk = dag_ids[start : start + batch]
+        found.update(
+            {r.dag_id: _row(r) for r in conn.execute(_select().where(schedules.c.dag_id.in_(chunk)))}
+        )
+    return found
+
+
+def put_many(conn: Connection, rows: Sequence[dict[str, Any]], *, existing: set[str], now: datetime) -> None:
+    """Write many schedules (`put`'s fields with `dag_id`): one executemany for the rows of
+    DAGs in `existing` (which have a row, read in this transaction), one for the others."""
+    stamped = [{**r, "updated_at": now} for r in rows]
+    inserts = [r for r in stamped if r["dag_id"] not in existing]
+    updates = [{**r, "key": r["dag_id"]} for r in stamped if r["dag_id"] in existing]
+    if inserts:
+        conn.execute(sa.insert(schedules), inserts)
+    if updates:
+        columns = ("kind", "spec", "last_fire_at", "next_fire_at", "updated_at")
+        stmt = sa.update(schedules).where(schedules.c.dag_id == sa.bindparam("key"))
+        conn.execute(stmt.values({c: sa.bindparam(c) for c in columns}), updates)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DueRow:
     """A due schedule: its watermark and the DAG version whose spec it follows."""
@@ -96,7 +121,7 @@ class DueRow:
 
 
 def due(conn: Connection, *, now: datetime, limit: int) -> list[DueRow]:
-    """Timed schedules of unpaused DAGs whose next fire time has come, earliest first.
+    """Timed schedules of unpaused, active DAGs whose next fire time has come, earliest first.
 
     The spec is not read: it is the schedule of the DAG's latest version (registered with it),
     which the caller has parsed and cached already.
@@ -110,6 +135,7 @@ def due(conn: Connection, *, now: datetime, limit: int) -> list[DueRow]:
             schedules.c.next_fire_at <= now,
             schedules.c.kind.in_(["cron", "interval"]),
             dags.c.is_paused == sa.false(),
+            dags.c.is_active == sa.true(),
             dags.c.latest_version_id.is_not(None),
         )
         .order_by(schedules.c.next_fire_at)
@@ -120,11 +146,13 @@ def due(conn: Connection, *, now: datetime, limit: int) -> list[DueRow]:
 
 
 def next_wakeup(conn: Connection, *, after: datetime) -> datetime | None:
-    """The earliest next fire time later than `after` of an unpaused DAG (when to wake up)."""
+    """The earliest next fire time later than `after` of an unpaused, active DAG (when to wake up)."""
     stmt = (
         sa.select(sa.func.min(schedules.c.next_fire_at))
         .select_from(schedules.join(dags, dags.c.dag_id == schedules.c.dag_id))
-        .where(schedules.c.next_fire_at > after, dags.c.is_paused == sa.false())
+        .where(
+            schedules.c.next_fire_at > after, dags.c.is_paused == sa.false(), dags.c.is_active == sa.true()
+        )
     )
     value: datetime | None = conn.execute(stmt).scalar()
     return value
@@ -190,8 +218,10 @@ def existing_logical_dates(
 
 
 def dataset_schedules(conn: Connection) -> list[ScheduleRow]:
-    """Dataset-triggered schedules of unpaused DAGs."""
-    stmt = _select().where(schedules.c.kind == "dataset", dags.c.is_paused == sa.false())
+    """Dataset-triggered schedules of unpaused, active DAGs."""
+    stmt = _select().where(
+        schedules.c.kind == "dataset", dags.c.is_paused == sa.false(), dags.c.is_active == sa.true()
+    )
     return [_row(r) for r in conn.execute(stmt)]
 
 
@@ -201,13 +231,14 @@ def all_rows(conn: Connection) -> dict[str, ScheduleRow]:
 
 
 def version_ids_due_by(conn: Connection, *, until: datetime) -> set[int]:
-    """Latest version ids of unpaused DAGs whose next fire time is at or before `until`."""
+    """Latest version ids of unpaused, active DAGs whose next fire time is at or before `until`."""
     stmt = (
         sa.select(dags.c.latest_version_id)
         .select_from(schedules.join(dags, dags.c.dag_id == schedules.c.dag_id))
         .where(
             schedules.c.next_fire_at <= until,
             dags.c.is_paused == sa.false(),
+            dags.c.is_active == sa.true(),
             dags.c.latest_version_id.is_not(None),
         )
         .distinct()

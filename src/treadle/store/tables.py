@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, postgresql
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
@@ -28,6 +28,8 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         # MySQL's DATETIME keeps whole seconds unless asked for microseconds; it stores no
         # zone, so values are naive UTC there as on SQLite (TIMESTAMP would stop at 2038).
         if dialect.name == "mysql":
+            from sqlalchemy.dialects import mysql
+
             return dialect.type_descriptor(mysql.DATETIME(fsp=6))
         return dialect.type_descriptor(self.impl)
 
@@ -49,7 +51,7 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 ID = sa.String(250)
 #: Seconds as a double: MySQL's plain FLOAT is single precision (0.1 would read 0.100000001).
-Seconds = sa.Float().with_variant(mysql.DOUBLE(asdecimal=False), "mysql")
+Seconds = sa.Float().with_variant(sa.Double(asdecimal=False), "mysql")
 #: MySQL tables compare text case- and accent-sensitively, as SQLite and PostgreSQL do: with
 #: the server's default *_ci collation, dag ids `ETL` and `etl` would be one key.
 MYSQL_OPTIONS: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
@@ -90,7 +92,7 @@ dag_load_errors = sa.Table(
     "dag_load_errors",
     metadata,
     # 768 characters on MySQL: a utf8mb4 key may hold 3072 bytes (4 per character).
-    sa.Column("fileloc", sa.String(1000).with_variant(mysql.VARCHAR(768), "mysql"), primary_key=True),
+    sa.Column("fileloc", sa.String(1000).with_variant(sa.String(768), "mysql"), primary_key=True),
     sa.Column("message", sa.Text, nullable=False),
     sa.Column("traceback", sa.Text, nullable=False),
     sa.Column("recorded_at", UTCDateTime, nullable=False),
