@@ -65,6 +65,12 @@ class Settings:
     log_max_bytes: int = 200 * MIB
     #: Programs command tasks may run (absolute paths or file names, globs); empty: any.
     command_allowlist: tuple[str, ...] = ()
+    #: Port of a scheduler's or worker's /metrics, /healthz and /readyz; None: not served.
+    metrics_port: int | None = None
+    #: Address that port listens on (0.0.0.0 for probes from outside the host or pod).
+    metrics_host: str = "127.0.0.1"
+    #: Process log format, "json" or "text"; None: text on a terminal, JSON elsewhere.
+    log_format: str | None = None
 
     @property
     def logs_dir(self) -> Path:
@@ -103,6 +109,9 @@ class Settings:
             artifacts_url=env.get("TREADLE_ARTIFACTS_URL") or None,
             logs_folder=Path(logs).expanduser() if logs else None,
             command_allowlist=parse_allowlist(env.get("TREADLE_COMMAND_ALLOWLIST", "")),
+            metrics_port=parse_metrics_port(env.get("TREADLE_METRICS_PORT", "")),
+            metrics_host=env.get("TREADLE_METRICS_HOST") or "127.0.0.1",
+            log_format=parse_log_format(env.get("TREADLE_LOG_FORMAT", "")),
             **numbers,
         )
         settings.validate()
@@ -219,6 +228,26 @@ def parse_task_timeout(raw: str) -> float | None:
             ) from None
     DEFAULT_TASK_TIMEOUT.check(seconds)
     return seconds
+
+
+def parse_metrics_port(raw: str) -> int | None:
+    """TREADLE_METRICS_PORT: a TCP port in 1..65535; empty: no metrics port."""
+    text = raw.strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ConfigError(f"TREADLE_METRICS_PORT must be a TCP port in 1..65535, got {raw!r}")
+    return int(text)
+
+
+def parse_log_format(raw: str) -> str | None:
+    """TREADLE_LOG_FORMAT: json or text; empty: chosen by whether stderr is a terminal."""
+    text = raw.strip().lower()
+    if not text:
+        return None
+    if text not in ("json", "text"):
+        raise ConfigError(f"TREADLE_LOG_FORMAT must be json or text, got {raw!r}")
+    return text
 
 
 def _number(spec: NumericSetting, raw: str) -> float | int:

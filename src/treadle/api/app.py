@@ -11,10 +11,11 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
 from treadle.api import problems
-from treadle.api.guard import API, Guard
-from treadle.api.routes import accounts, dags, health, operations, runs
+from treadle.api.guard import API, EXEMPT, Guard
+from treadle.api.routes import accounts, dags, health, metrics, operations, runs
 from treadle.api.sessions import SessionCodec
 from treadle.api.settings import ApiSettings
+from treadle.observability.metrics import DatabaseGauges, Metrics
 from treadle.store.database import Database
 
 
@@ -25,11 +26,14 @@ def create_app(
     secret_key: str,
     worker_stale_s: float = 30.0,
     queue_timeout_s: float = 600.0,
+    process_metrics: Metrics | None = None,
 ) -> FastAPI:
     """A FastAPI app serving treadle's REST API on `db`.
 
     `secret_key` signs session cookies; `worker_stale_s` (the lease) is how long a silent worker
     counts as live; `queue_timeout_s` is the deployment's default for triggered runs.
+    `process_metrics`: the metrics /metrics serves (standalone shares its scheduler's and worker's);
+    None: the API's own. Either way the database gauges are added.
     """
     app = FastAPI(
         title="treadle",
@@ -43,14 +47,29 @@ def create_app(
     app.state.codec = SessionCodec(secret_key, max_age_s=settings.session_hours * 3600)
     app.state.worker_stale_s = worker_stale_s
     app.state.queue_timeout_s = queue_timeout_s
+    app.state.metrics = _metrics(db, process_metrics, worker_stale_s=worker_stale_s)
     problems.install(app)
     # The routes go straight into the app's table (not include_router, which newer FastAPI
     # resolves lazily): the route inventory test and the guard see one flat list.
     for module in (health, accounts, dags, runs, operations):
         app.router.routes.extend(module.router.routes)
+    metrics_routes = metrics.public_router() if settings.metrics_public else metrics.guarded_router()
+    app.router.routes.extend(metrics_routes.routes)
     app.add_api_route(f"{API}/docs", _docs, include_in_schema=False, methods=["GET"])
-    app.add_middleware(Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes)
+    exempt = EXEMPT | {metrics.PATH} if settings.metrics_public else EXEMPT
+    app.add_middleware(
+        Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes, exempt=exempt
+    )
     return app
+
+
+def _metrics(db: Database, given: Metrics | None, *, worker_stale_s: float) -> Metrics:
+    """The metrics /metrics serves, with the database gauges and the API's database calls timed."""
+    result = given if given is not None else Metrics()
+    if db.on_call is None:
+        result.time_database(db)
+    result.watch(DatabaseGauges(db, worker_stale_s=worker_stale_s))
+    return result
 
 
 def _docs() -> HTMLResponse:

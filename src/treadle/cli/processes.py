@@ -14,6 +14,7 @@ import click
 from treadle.authoring.artifacts import delete_run_files
 from treadle.cli.main import Context, cli, pass_context
 from treadle.errors import ConfigError, InvalidRequest
+from treadle.observability.hooks import NO_HOOKS
 from treadle.observability.logging import configure_logging
 from treadle.scheduler.loop import Scheduler
 from treadle.store.database import Database
@@ -21,6 +22,8 @@ from treadle.worker.worker import Worker
 
 if TYPE_CHECKING:
     from treadle.cli.api import ApiInThread
+    from treadle.observability.metrics import Metrics
+    from treadle.observability.server import ProcessServer
 
 log = logging.getLogger("treadle")
 
@@ -97,9 +100,10 @@ def worker_cmd(
     log_level: str,
 ) -> None:
     """Claim and run task attempts. SIGTERM drains (a second signal stops at once)."""
-    configure_logging(log_level)
+    fields = configure_logging(log_level, log_format=ctx.settings.log_format)
     if prefetch is None:
         prefetch = default_prefetch(concurrency)
+    metrics = _metrics(ctx)
     worker = Worker(
         ctx.db,
         ctx.settings,
@@ -107,8 +111,11 @@ def worker_cmd(
         queues=_queues(queues),
         prefetch=prefetch,
         poll_s=poll_interval,
+        hooks=metrics or NO_HOOKS,
     )
-    _run_until_signal(ctx, worker=worker, grace_s=grace_period)
+    fields.bind(worker_id=worker.worker_id)
+    server = _instrument(ctx, ctx.db, metrics, worker=worker)
+    _run_until_signal(ctx, worker=worker, grace_s=grace_period, server=server)
 
 
 @cli.command("scheduler")
@@ -120,8 +127,11 @@ def scheduler_cmd(ctx: Context, log_level: str) -> None:
     Run several for high availability: one leads (a lease on the database clock), the others
     stand by and take over within TREADLE_SCHEDULER_LEASE_SECONDS of the leader's death.
     """
-    configure_logging(log_level)
-    _run_until_signal(ctx, scheduler=_scheduler(ctx, ctx.db))
+    configure_logging(log_level, log_format=ctx.settings.log_format)
+    metrics = _metrics(ctx)
+    scheduler = _scheduler(ctx, ctx.db, metrics)
+    server = _instrument(ctx, ctx.db, metrics, scheduler=scheduler)
+    _run_until_signal(ctx, scheduler=scheduler, server=server)
 
 
 @cli.command("standalone")
@@ -144,28 +154,34 @@ def standalone_cmd(
     no_api: bool,
 ) -> None:
     """Scheduler, worker and REST API in one process (migrates the database first). SIGTERM drains."""
-    configure_logging(log_level)
+    fields = configure_logging(log_level, log_format=ctx.settings.log_format)
     db = ctx.db_upgraded("treadle-standalone")
     ctx.settings.dags_folder.mkdir(parents=True, exist_ok=True)
     click.echo(f"treadle standalone: database {db.url}, DAGs from {ctx.settings.dags_folder}", err=True)
-    api = None if no_api else _start_api(ctx, host=api_host, port=api_port)
-    _run_until_signal(
-        ctx,
-        worker=Worker(
-            db,
-            ctx.settings,
-            concurrency=concurrency,
-            queues=["default"],
-            prefetch=default_prefetch(concurrency),
-            poll_s=poll_interval,
-        ),
-        scheduler=_scheduler(ctx, db),
+    # Metrics are on by default here: on the API's /metrics, and on the metrics port if one is set.
+    metrics = _metrics(ctx, always=True)
+    assert metrics is not None
+    api = None if no_api else _start_api(ctx, host=api_host, port=api_port, metrics=metrics)
+    worker = Worker(
+        db,
+        ctx.settings,
+        concurrency=concurrency,
+        queues=["default"],
+        prefetch=default_prefetch(concurrency),
+        poll_s=poll_interval,
+        hooks=metrics,
     )
+    fields.bind(worker_id=worker.worker_id)
+    scheduler = _scheduler(ctx, db, metrics)
+    server = _instrument(
+        ctx, db, metrics, worker=worker, scheduler=scheduler, api_serves_gauges=api is not None
+    )
+    _run_until_signal(ctx, worker=worker, scheduler=scheduler, server=server)
     if api is not None:
         api.stop()
 
 
-def _start_api(ctx: Context, *, host: str, port: int) -> ApiInThread | None:
+def _start_api(ctx: Context, *, host: str, port: int, metrics: Metrics) -> ApiInThread | None:
     """Serve the REST API beside the scheduler and worker; None, said once, when it may not.
 
     A refused API (an unsafe setting, a busy port) never stops the scheduler and worker.
@@ -173,7 +189,7 @@ def _start_api(ctx: Context, *, host: str, port: int) -> ApiInThread | None:
     from treadle.cli.api import ApiInThread, build_app
 
     try:
-        api = ApiInThread(build_app(ctx, host=host), host=host, port=port)
+        api = ApiInThread(build_app(ctx, host=host, metrics=metrics), host=host, port=port)
     except ConfigError as exc:
         click.echo(f"treadle standalone: REST API not started: {exc}", err=True)
         return None
@@ -182,7 +198,40 @@ def _start_api(ctx: Context, *, host: str, port: int) -> ApiInThread | None:
     return api
 
 
-def _scheduler(ctx: Context, db: Database) -> Scheduler:
+def _metrics(ctx: Context, *, always: bool = False) -> Metrics | None:
+    """The process's metrics: only where something serves them (prometheus_client loads lazily)."""
+    if not always and ctx.settings.metrics_port is None:
+        return None
+    from treadle.observability.metrics import Metrics
+
+    return Metrics()
+
+
+def _instrument(
+    ctx: Context,
+    db: Database,
+    metrics: Metrics | None,
+    *,
+    worker: Worker | None = None,
+    scheduler: Scheduler | None = None,
+    api_serves_gauges: bool = False,
+) -> ProcessServer | None:
+    """Gauges, database timing and the metrics port (observability/process.py); None: no metrics."""
+    if metrics is None:
+        return None
+    from treadle.observability.process import instrument
+
+    return instrument(
+        ctx.settings,
+        db,
+        metrics,
+        worker=worker,
+        scheduler=scheduler,
+        database_gauges=not api_serves_gauges,
+    )
+
+
+def _scheduler(ctx: Context, db: Database, metrics: Metrics | None = None) -> Scheduler:
     return Scheduler(
         db,
         tick_s=ctx.settings.scheduler_tick_s,
@@ -195,6 +244,7 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         default_queue_timeout_s=ctx.settings.queue_timeout_s,
         max_skew_s=ctx.settings.max_clock_skew_s,
         default_task_timeout_s=ctx.settings.default_task_timeout_s,
+        hooks=metrics or NO_HOOKS,
     )
 
 
@@ -204,6 +254,7 @@ def _run_until_signal(
     worker: Worker | None = None,
     scheduler: Scheduler | None = None,
     grace_s: float | None = None,
+    server: ProcessServer | None = None,
 ) -> None:
     signals = Signals()
     threads = []
@@ -223,3 +274,5 @@ def _run_until_signal(
         scheduler.stop()
     for t in threads:
         t.join(timeout=15)
+    if server is not None:
+        server.stop()

@@ -137,6 +137,8 @@ class ClaimedTask:
     #: A mapped instance's position, and the element of the mapped list it runs with.
     map_index: int = -1
     map_item: Any = None  # Any: user JSON
+    #: When the task instance became ready (database time), as the claim read it.
+    queued_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -85,9 +85,10 @@ def _claim_in(
     start: int,
     lease_s: float,
     known: Mapping[tuple[str, str], Any] | None = None,
+    refused: Counter[str] | None = None,
 ) -> list[ClaimedTask]:
     """The claim of `claim_task_instances`, inside the caller's transaction (`known`: upstream
-    results already at hand, by (run id, task id))."""
+    results already at hand, by (run id, task id); `refused` counts what limits held back)."""
     known = known or {}
     if limit <= 0:
         return []
@@ -100,6 +101,7 @@ def _claim_in(
         start=start,
         now=dialects.statement_clock(conn),
         lease_s=lease_s,
+        refused=refused,
     )
     if not rows:
         return []
@@ -121,6 +123,8 @@ class Cycle:
     started: list[ClaimedTask | None]
     #: Newly claimed attempts; the first `claim_start` of them are started.
     claimed: list[ClaimedTask]
+    #: Queued candidates the claim left behind because a pool or DAG limit was full, by reason.
+    refused: Counter[str] = field(default_factory=Counter)
 
 
 def work_cycle(
@@ -163,6 +167,7 @@ def work_cycle(
             for t, v, o, x in (_unpack(d) for d in successes)
         ]
         done = _complete_in(db, conn, items, worker_id=worker_id, hostname=hostname, defer_notify=True)
+        refused: Counter[str] = Counter()
         claimed = _claim_in(
             db,
             conn,
@@ -173,13 +178,14 @@ def work_cycle(
             start=claim_start,
             lease_s=lease_s,
             known=done.values,
+            refused=refused,
         )
         # Other workers hear of readied work only if some may be left for them: a claim that came
         # back short took (or could not admit) everything queued that this transaction could see
         # in the queues it serves.
         if done.readied_queues and (len(claimed) >= claim_limit or not done.readied_queues <= set(queues)):
             dialects.notify_ready(conn)
-        return Cycle(endings=done.endings, started=started, claimed=claimed)
+        return Cycle(endings=done.endings, started=started, claimed=claimed, refused=refused)
 
     return db.transact(work, attempts=attempts)
 
@@ -232,6 +238,7 @@ def attempt_of(
         upstream_results=upstream_results or {},
         map_index=row.map_index,
         map_item=map_item,
+        queued_at=row.queued_at,
     )
 
 

@@ -38,6 +38,7 @@ from treadle.engine.scheduling import (
     prefetch_versions,
 )
 from treadle.errors import NotLeader
+from treadle.observability.hooks import NO_HOOKS, Hooks
 from treadle.store import activity
 from treadle.store.database import Database
 from treadle.store.dialects import READY_CHANNEL, SCHEDULER_CHANNEL
@@ -80,8 +81,11 @@ class Scheduler:
         holder: str | None = None,
         on_pruned: Callable[[list[str]], object] | None = None,
         default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.db = db
+        #: Told of fire delays and reaped leases (metrics); no-ops unless a process sets them.
+        self.hooks = hooks
         #: Deletes the files of runs that retention pruned (given by the process that knows where).
         self.on_pruned = on_pruned
         self.tick_s = tick_s
@@ -160,6 +164,7 @@ class Scheduler:
 
             reports = [one_pass(0)] if width == 1 else list(self.fire_pool.map(one_pass, range(width)))
             for report in reports:
+                self._observe_fires(report)
                 total.runs_created += report.runs_created
                 total.slots_skipped += report.slots_skipped
                 total.blocked += report.blocked
@@ -173,6 +178,15 @@ class Scheduler:
                 break
             width = FIRE_PARALLEL
         return total
+
+    def _observe_fires(self, report: FireReport) -> None:
+        """Tell the hooks how late each created run came after its slot's fire time (its end)."""
+        if report.now is None:
+            return
+        for run in report.created:
+            if run.data_interval_end is not None:
+                delay_s = (report.now - run.data_interval_end).total_seconds()
+                self.hooks.schedule_fired(delay_s=max(delay_s, 0.0))
 
     def trigger_datasets(self) -> dict[str, int]:
         """Create the runs of dataset-scheduled DAGs whose datasets all have new events."""

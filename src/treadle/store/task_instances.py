@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -59,6 +60,7 @@ def claim(
     start: int,
     now: datetime | None,
     lease_s: float,
+    refused: Counter[str] | None = None,
 ) -> list[AttemptRow]:
     """Move up to `limit` queued task instances to running for this worker, highest priority first.
 
@@ -67,7 +69,8 @@ def claim(
     `max_active_tasks` while the limit rows are locked (F15), then moved in one UPDATE. The
     first `start` are started (started_at and timeout_at stamped: they go to idle slots now);
     the rest are claimed for the worker's buffer, unstarted until `start_claimed_many`. `now` None
-    stamps rows with the statement's database time (see `stamp`).
+    stamps rows with the statement's database time (see `stamp`). `refused`, if given, is added
+    the candidates that pool or DAG limits held back, by reason.
     """
     claimed: list[AttemptRow] = []
     excluded = Exclusions()
@@ -94,6 +97,8 @@ def claim(
             )
         if len(claimed) >= limit or len(admitted) == len(candidates):
             break  # full, or nothing was held back that another round could look past
+    if refused is not None:
+        refused.update(excluded.refusals)
     return claimed
 
 
@@ -128,7 +133,7 @@ def _build_take(conn: Connection, started: bool, stamped: bool) -> sa.UpdateBase
             next_attempt_at=None,
             dispatch_deadline=None,
         )
-        .returning(ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS)
+        .returning(ti.c.started_at, ti.c.timeout_s, ti.c.queued_at, *_ATTEMPT_COLUMNS)
     )
     return stmt
 
@@ -173,7 +178,7 @@ def _take(
         )
     )
     rows = dialects.update_returning(
-        conn, stmt, (ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS), key=ti.c.id
+        conn, stmt, (ti.c.started_at, ti.c.timeout_s, ti.c.queued_at, *_ATTEMPT_COLUMNS), key=ti.c.id
     )
     return _attempts(rows)
 

@@ -34,6 +34,7 @@ from treadle.engine.execution import (
     work_cycle,
 )
 from treadle.engine.workers import record_worker, touch_worker
+from treadle.observability.hooks import NO_HOOKS, Hooks
 from treadle.store.database import Database, is_transient
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
@@ -80,8 +81,11 @@ class Worker:
         worker_id: str | None = None,
         poll_s: float = 1.0,
         prefetch: int = 0,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.db, self.settings = db, settings
+        #: Told of starts, outcomes and refusals (metrics); no-ops unless a process sets them.
+        self.hooks = hooks
         self.concurrency, self.queues, self.poll_s = concurrency, queues, poll_s
         #: Attempts claimed ahead of a free slot (they hold a lease and are heartbeated, but are
         #: started only when a slot takes them). Guarded by `_buffer_lock`.
@@ -131,6 +135,8 @@ class Worker:
         #: DAG files that did not import within the limit: task processes do not import them.
         self.slow_files: frozenset[str] = frozenset()
         self.job_canceller: JobCanceller | None = None
+        #: Set once the DAG folder was read at start (readiness).
+        self.dags_loaded = False
 
     def version(self, version_id: int) -> DagVersion:
         """Return a DAG version (cached)."""
@@ -145,6 +151,7 @@ class Worker:
         settings = self.settings
         prestart(settings.dags_folder, settings.max_result_bytes, settings.dag_import_timeout_s)
         self.refresh_dags()
+        self.dags_loaded = True
         record_worker(
             self.db,
             worker_id=self.worker_id,
@@ -172,6 +179,7 @@ class Worker:
                 take_next=self._take_buffered,
                 submit=self._submit_success,
                 files=AttemptFiles.of(self.settings),
+                hooks=self.hooks,
             )
             self.slots.append(slot)
             slot.start()
@@ -349,6 +357,7 @@ class Worker:
                 self.leases.forget((item[0].task_instance_id, item[0].attempt))
         self._confirm(taken, confirmed)
         self._forget_start_times()
+        self._observe(cycle)
         for buffered, task in zip(to_start, cycle.started[: len(to_start)], strict=True):
             if task is not None and (task.task_instance_id, task.attempt) in still:
                 self.idle.get().assign(task)
@@ -368,6 +377,22 @@ class Worker:
             else:
                 with self._buffer_lock:
                     self.prefetched.append(task)
+
+    def _observe(self, cycle: Cycle) -> None:
+        """Tell the hooks how long the attempts this pass started waited, and what it refused."""
+        for task in itertools.chain(cycle.started, cycle.claimed):
+            if task is not None and task.started_at is not None and task.queued_at is not None:
+                delay_s = (task.started_at - task.queued_at).total_seconds()
+                self.hooks.attempt_started(dag_id=task.dag_id, delay_s=delay_s)
+        for reason, count in cycle.refused.items():
+            self.hooks.admission_refused(reason=reason, count=count)
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """Attempts running in slots and attempts waiting in the buffer, now."""
+        active = sum(1 for slot in self.slots if slot.running is not None)
+        with self._buffer_lock:
+            return active, len(self.prefetched)
 
     def _cycle_failed(self, exc: Exception, successes: list[Success]) -> None:
         """A pass did not commit: keep every outcome (backpressure: nothing new is claimed until
