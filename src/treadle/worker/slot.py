@@ -209,6 +209,11 @@ class Slot(threading.Thread):
         if error.unknown_commit and kind is AttemptOutcome.FAILED:
             kind = AttemptOutcome.UNKNOWN_COMMIT
         self._finished(task, kind, began)
+        # Failures are rare and worth a line; the attempt's ids come from its log context.
+        log.info(
+            "attempt failed",
+            extra={"event": "worker.attempt_failed", "outcome": kind.value, "error_type": error.error_type},
+        )
         if not self._await_confirmation(current):
             return  # the start was refused (revoked): the attempt is not this worker's to end
         task = current.task
