@@ -71,15 +71,28 @@ class Metrics(Hooks):
             "treadle_database_call_seconds", "Database transactions (write) and queries (read), retries "
             "included.", ["kind"], buckets=_DB_BUCKETS, registry=r,
         )  # fmt: skip
+        # Label children looked up once: `labels()` validates and locks on every call, and these
+        # move for every attempt. Bounded like the labels themselves (DAGs, tasks, outcomes).
+        self._per_outcome: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+        self._per_dag: dict[str, Histogram] = {}
+        self._per_kind: dict[str, Histogram] = {}
 
     def attempt_finished(self, *, dag_id: str, task_id: str, outcome: str, duration_s: float) -> None:
         """Count the outcome and observe the duration."""
-        self.outcomes.labels(dag_id, task_id, outcome).inc()
-        self.durations.labels(dag_id, task_id).observe(duration_s)
+        key = (dag_id, task_id, outcome)
+        children = self._per_outcome.get(key)
+        if children is None:
+            children = (self.outcomes.labels(*key), self.durations.labels(dag_id, task_id))
+            self._per_outcome[key] = children
+        children[0].inc()
+        children[1].observe(duration_s)
 
     def attempt_started(self, *, dag_id: str, delay_s: float) -> None:
         """Observe the ready-to-started delay."""
-        self.start_delays.labels(dag_id).observe(max(delay_s, 0.0))
+        child = self._per_dag.get(dag_id)
+        if child is None:
+            child = self._per_dag[dag_id] = self.start_delays.labels(dag_id)
+        child.observe(max(delay_s, 0.0))
 
     def attempt_retried(self, *, dag_id: str, task_id: str) -> None:
         """Count a retry."""
@@ -107,7 +120,10 @@ class Metrics(Hooks):
 
     def database_call(self, *, kind: str, duration_s: float) -> None:
         """Observe one database call."""
-        self.db_calls.labels(kind).observe(duration_s)
+        child = self._per_kind.get(kind)
+        if child is None:
+            child = self._per_kind[kind] = self.db_calls.labels(kind)
+        child.observe(duration_s)
 
     def time_database(self, db: Database) -> None:
         """Time every call `db` makes from now on (`treadle_database_call_seconds`)."""
