@@ -118,7 +118,7 @@ def test_metrics_move_readiness_follows_the_database_and_task_output_stays_out(
     assert worker[("treadle_task_outcomes_total", (fail[0], ("outcome", "failed"), fail[1]))] == 2
     assert worker[("treadle_task_retries_total", fail)] == 1
     assert worker[("treadle_dead_letters_total", fail)] == 1
-    assert worker[("treadle_task_duration_seconds_count", say)] == 1
+    assert worker[("treadle_task_duration_seconds_count", (("dag_id", "observed"),))] == 3
     assert worker[("treadle_task_start_delay_seconds_count", (("dag_id", "observed"),))] == 3
     assert worker[("treadle_worker_slots", ())] == 2
     scheduler = samples(s_port)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -32,6 +32,9 @@ class Metrics(Hooks):
     """The Prometheus side of the hooks, plus the collectors a process adds (`watch_*`)."""
 
     def __init__(self) -> None:
+        # The text format's `_created` series double every counter and histogram for nothing a
+        # Prometheus server uses; the switch is the library's, for the whole process.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         task = ["dag_id", "task_id"]
@@ -39,9 +42,12 @@ class Metrics(Hooks):
             "treadle_task_outcomes", "Attempts ended, by how (as the task process reported).",
             [*task, "outcome"], registry=r,
         )  # fmt: skip
+        # Per DAG, not per task: a histogram is ~16 series per label set, and a DAG of 2,000 tasks
+        # would make every scrape a 30,000-line, one-second affair. Per-task durations are on
+        # the attempt rows (`treadle runs show`, task_attempts.duration_s).
         self.durations = Histogram(
             "treadle_task_duration_seconds", "Run time of attempts in their task process.",
-            task, buckets=_DURATION_BUCKETS, registry=r,
+            ["dag_id"], buckets=_DURATION_BUCKETS, registry=r,
         )  # fmt: skip
         self.start_delays = Histogram(
             "treadle_task_start_delay_seconds", "From ready (queued) to started, database times.",
@@ -82,7 +88,7 @@ class Metrics(Hooks):
         key = (dag_id, task_id, outcome)
         children = self._per_outcome.get(key)
         if children is None:
-            children = (self.outcomes.labels(*key), self.durations.labels(dag_id, task_id))
+            children = (self.outcomes.labels(*key), self.durations.labels(dag_id))
             self._per_outcome[key] = children
         children[0].inc()
         children[1].observe(duration_s)
