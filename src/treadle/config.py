@@ -71,6 +71,19 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     #: Process log format, "json" or "text"; None: text on a terminal, JSON elsewhere.
     log_format: str | None = None
+    #: Where the outbox relay posts dataset events and dead-letter alerts; None: no outbox.
+    outbox_webhook_url: str | None = None
+    #: Signs each webhook body (HMAC-SHA256); None: unsigned.
+    outbox_webhook_secret: str | None = None
+    #: Deliveries of one entry before it is dead.
+    outbox_max_attempts: int = 10
+    #: How long a receiver has to acknowledge one delivery.
+    outbox_ack_s: float = 10.0
+
+    @property
+    def outbox_sinks(self) -> tuple[str, ...]:
+        """The sinks effects are written for (the webhook when it is configured)."""
+        return ("webhook",) if self.outbox_webhook_url else ()
 
     @property
     def logs_dir(self) -> Path:
@@ -112,6 +125,8 @@ class Settings:
             metrics_port=parse_metrics_port(env.get("TREADLE_METRICS_PORT", "")),
             metrics_host=env.get("TREADLE_METRICS_HOST") or "127.0.0.1",
             log_format=parse_log_format(env.get("TREADLE_LOG_FORMAT", "")),
+            outbox_webhook_url=parse_webhook_url(env.get("TREADLE_OUTBOX_WEBHOOK_URL", "")),
+            outbox_webhook_secret=env.get("TREADLE_OUTBOX_WEBHOOK_SECRET") or None,
             **numbers,
         )
         settings.validate()
@@ -195,6 +210,8 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     _spec("TREADLE_DAG_IMPORT_TIMEOUT_SECONDS", "dag_import_timeout_s", 0.1, 3600),
     _spec("TREADLE_MAX_MAP_LENGTH", "max_map_length", 1, 1_000_000, "instances", is_integer=True),
     _spec("TREADLE_LOG_MAX_BYTES", "log_max_bytes", 1024, 1024**4, "bytes", note="1 TiB", is_integer=True),
+    _spec("TREADLE_OUTBOX_MAX_ATTEMPTS", "outbox_max_attempts", 1, 1000, "deliveries", is_integer=True),
+    _spec("TREADLE_OUTBOX_ACK_SECONDS", "outbox_ack_s", 0.1, 300),
 )
 
 
@@ -238,6 +255,17 @@ def parse_metrics_port(raw: str) -> int | None:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise ConfigError(f"TREADLE_METRICS_PORT must be a TCP port in 1..65535, got {raw!r}")
     return int(text)
+
+
+def parse_webhook_url(raw: str) -> str | None:
+    """TREADLE_OUTBOX_WEBHOOK_URL: an http(s) URL with a host; empty: no webhook."""
+    text = raw.strip()
+    if not text:
+        return None
+    scheme, sep, rest = text.partition("://")
+    if scheme.lower() not in ("http", "https") or not sep or not rest.split("/")[0]:
+        raise ConfigError(f"TREADLE_OUTBOX_WEBHOOK_URL must be an http:// or https:// URL, got {raw!r}")
+    return text
 
 
 def parse_log_format(raw: str) -> str | None:

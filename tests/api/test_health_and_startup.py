@@ -41,7 +41,7 @@ def test_readyz_goes_unready_when_the_schema_is_behind(api: Api) -> None:
     response = api.client.get("/readyz")
     assert response.status_code == 503
     schema = next(c for c in response.json()["checks"] if c["name"] == "schema")
-    assert schema == {"name": "schema", "ok": False, "detail": "at 0006, code expects 0011"}
+    assert schema == {"name": "schema", "ok": False, "detail": "at 0006, code expects 0013"}
 
 
 def test_readyz_goes_unready_when_the_scheduler_lease_is_stale(api: Api) -> None:

@@ -55,12 +55,14 @@ class Context:
         """The database of the settings, as it is (a SQLite file's missing folders are made)."""
         url = self.settings.database_url
         make_sqlite_folder(url)
-        return Database(
+        db = Database(
             url,
             application_name=application_name,
             pool_size=pool_size,
             max_map_length=self.settings.max_map_length,
         )
+        db.outbox_sinks = self.settings.outbox_sinks
+        return db
 
 
 def make_sqlite_folder(url: str) -> None:
@@ -151,6 +153,7 @@ def main() -> None:
         dead_letters,
         logs,
         operations,
+        outbox,
         pools,
         processes,
         runs,

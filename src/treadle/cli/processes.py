@@ -22,6 +22,7 @@ from treadle.worker.worker import Worker
 
 if TYPE_CHECKING:
     from treadle.cli.api import ApiInThread
+    from treadle.delivery.relay import OutboxRelay
     from treadle.observability.metrics import Metrics
     from treadle.observability.server import ProcessServer
 
@@ -131,7 +132,7 @@ def scheduler_cmd(ctx: Context, log_level: str) -> None:
     metrics = _metrics(ctx)
     scheduler = _scheduler(ctx, ctx.db, metrics)
     server = _instrument(ctx, ctx.db, metrics, scheduler=scheduler)
-    _run_until_signal(ctx, scheduler=scheduler, server=server)
+    _run_until_signal(ctx, scheduler=scheduler, server=server, relay=_relay(ctx, ctx.db, scheduler))
 
 
 @cli.command("standalone")
@@ -176,7 +177,9 @@ def standalone_cmd(
     server = _instrument(
         ctx, db, metrics, worker=worker, scheduler=scheduler, api_serves_gauges=api is not None
     )
-    _run_until_signal(ctx, worker=worker, scheduler=scheduler, server=server)
+    _run_until_signal(
+        ctx, worker=worker, scheduler=scheduler, server=server, relay=_relay(ctx, db, scheduler)
+    )
     if api is not None:
         api.stop()
 
@@ -231,6 +234,22 @@ def _instrument(
     )
 
 
+def _relay(ctx: Context, db: Database, scheduler: Scheduler) -> OutboxRelay | None:
+    """The outbox relay of a scheduler, when a webhook is configured (it delivers while leading)."""
+    settings = ctx.settings
+    if settings.outbox_webhook_url is None:
+        return None
+    from treadle.delivery.relay import OutboxRelay
+    from treadle.delivery.webhook import WebhookSink
+    from treadle.domain.outbox import DeliveryPolicy
+
+    sink = WebhookSink(
+        settings.outbox_webhook_url, secret=settings.outbox_webhook_secret, ack_s=settings.outbox_ack_s
+    )
+    policy = DeliveryPolicy(max_attempts=settings.outbox_max_attempts)
+    return OutboxRelay(db, scheduler.leadership, sink, policy=policy, ack_s=settings.outbox_ack_s)
+
+
 def _scheduler(ctx: Context, db: Database, metrics: Metrics | None = None) -> Scheduler:
     return Scheduler(
         db,
@@ -255,6 +274,7 @@ def _run_until_signal(
     scheduler: Scheduler | None = None,
     grace_s: float | None = None,
     server: ProcessServer | None = None,
+    relay: OutboxRelay | None = None,
 ) -> None:
     signals = Signals()
     threads = []
@@ -265,11 +285,15 @@ def _run_until_signal(
         threads.append(threading.Thread(target=worker.run, name="treadle-claim", daemon=True))
     for t in threads:
         t.start()
+    if relay is not None:
+        relay.start()
     signals.stop.wait()
     log.info("stopping", extra={"event": "process.stopping"})
     if worker is not None:
         grace = ctx.settings.shutdown_grace_s if grace_s is None else grace_s
         worker.stop(grace_s=grace, hard=signals.hard)
+    if relay is not None:
+        relay.stop()  # before the scheduler releases the lease its settles are fenced on
     if scheduler is not None:
         scheduler.stop()
     for t in threads:

@@ -14,10 +14,12 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.fingerprint import fingerprint
+from treadle.domain.outbox import OutboxKind
 from treadle.domain.records import AttemptDetails, AttemptError, AttemptRow, ClaimedTask, RunInfo
 from treadle.domain.retry import FailurePlan, RetryDecision, plan_failure
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import ending_use_case
+from treadle.engine import outbox
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events
 from treadle.engine.mapping import claim_inputs
@@ -360,6 +362,7 @@ def _complete_in(
         close_run_if_done(conn, run_id)
     # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
     record_outlet_events(conn, events)
+    outbox.enqueue(db, conn, kind=OutboxKind.DATASET_PUBLISHED, payloads=outbox.dataset_payloads(events))
     return _Completed(
         endings=[Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _, _ in items],
         readied_queues=frozenset(readied_queues),
@@ -512,6 +515,8 @@ def fail_attempt(
             started=outcome is not AttemptOutcome.DISPATCH_TIMEOUT,
         )
         if plan.state is TaskState.DEAD_LETTER:
+            alert = outbox.dead_letter_payload(task, error, reason=plan.dead_letter_reason, at=now)
+            outbox.enqueue(db, conn, kind=OutboxKind.TASK_DEAD_LETTER, payloads=[alert])
             after_dead_letter(db, conn, task, now=now)  # downstream trigger rules decide
             close_run_if_done(conn, task.run_id)
             _record_failed_quality(

@@ -217,3 +217,15 @@ def system_families(g: SystemGauges, *, worker_stale_s: float) -> Iterator[Metri
     workers.add_metric(["live"], sum(1 for a in ages if a <= worker_stale_s))
     workers.add_metric(["silent"], sum(1 for a in ages if a > worker_stale_s))
     yield workers
+    box = g.outbox
+    oldest = (g.now - box.oldest_pending_at).total_seconds() if box.oldest_pending_at else 0.0
+    yield GaugeMetricFamily(
+        "treadle_outbox_pending", "Outbox entries waiting for delivery.", value=box.pending
+    )
+    yield GaugeMetricFamily(
+        "treadle_outbox_oldest_pending_age_seconds", "Age of the oldest undelivered outbox entry (0: none).",
+        value=max(oldest, 0.0),
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        "treadle_outbox_dead", "Outbox entries dead after their last delivery.", value=box.dead
+    )

@@ -134,6 +134,9 @@ class Database:
         #: Told the kind ("write", "read") and duration in seconds of every transact and query,
         #: retries included (a process with metrics sets it); None: nothing is timed.
         self.on_call: Callable[[str, float], None] | None = None
+        #: The outbox sinks the deployment delivers to ("webhook"); effects are written to the
+        #: outbox only for these (none: nothing is written).
+        self.outbox_sinks: tuple[str, ...] = ()
 
     @property
     def is_sqlite(self) -> bool:

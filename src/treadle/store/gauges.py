@@ -11,6 +11,8 @@ from sqlalchemy.engine import Connection
 
 from treadle.store import leases
 from treadle.store.database import db_now
+from treadle.store.outbox import OutboxStats
+from treadle.store.outbox import stats as outbox_stats
 from treadle.store.queues import QueueStats, queue_stats
 from treadle.store.tables import workers
 
@@ -32,11 +34,12 @@ class SystemGauges:
     leader: leases.LeaseInfo | None
     #: Workers in state running (a worker that stopped cleanly says so and is not here).
     running_workers: list[WorkerBeat]
+    outbox: OutboxStats
 
 
 def read_gauges(conn: Connection, *, lease_name: str) -> SystemGauges:
-    """Queue stats (one grouped query over queued and running rows), the lease `lease_name`, and
-    the heartbeats of workers that claim to run."""
+    """Queue stats (one grouped query over queued and running rows), the lease `lease_name`, the
+    heartbeats of workers that claim to run, and the outbox's pending and dead counts."""
     rows = conn.execute(
         sa.select(workers.c.worker_id, workers.c.last_heartbeat_at).where(workers.c.state == "running")
     )
@@ -47,4 +50,5 @@ def read_gauges(conn: Connection, *, lease_name: str) -> SystemGauges:
         running_workers=[
             WorkerBeat(worker_id=r.worker_id, last_heartbeat_at=r.last_heartbeat_at) for r in rows
         ],
+        outbox=outbox_stats(conn),
     )
