@@ -65,7 +65,9 @@ def dead_letter_payload(
         "error_type": error.error_type,
         "message": error.message[:2000],
         "at": at.isoformat(),
-        "next_action": f"treadle dead-letters list --dag {task.dag_id}; fix the cause, then requeue",
+        "next_action": (
+            "find it with `treadle dead-letters list`, fix the cause, then `treadle dead-letters requeue`"
+        ),
     }
 
 
