@@ -8,9 +8,10 @@ settle is fenced), so the next leader delivers it again: receivers deduplicate o
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from treadle.domain.outbox import DeliveryPolicy, OutboxEntry
@@ -21,10 +22,10 @@ from treadle.store.database import Database
 
 log = logging.getLogger("treadle.delivery")
 
-#: Entries claimed per round trip; a full batch is followed by another at once.
-BATCH = 200
+#: Entries claimed per round trip; a full batch has the next one claimed while it is posted.
+BATCH = 500
 #: Deliveries in flight at once.
-PARALLEL = 16
+PARALLEL = 32
 
 
 class Sink(Protocol):
@@ -57,43 +58,71 @@ class OutboxRelay(threading.Thread):
         self.policy, self.ack_s, self.poll_s = policy, ack_s, poll_s
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="treadle-deliver")
+        #: Claims and settles, one at a time and in order, beside the deliveries.
+        self.database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-outbox-db")
 
     def run(self) -> None:
         """Deliver rounds until stopped; errors back off one poll and never end the thread."""
         while not self.stopping.is_set():
             try:
-                full = self.round()
+                self.round()
             except NotLeader:
-                full = False
+                pass  # lost the lease mid-round: the next leader claims what was not settled
             except Exception:
                 log.exception("outbox relay round failed", extra={"event": "outbox.relay_error"})
-                full = False
-            if not full:
-                self.stopping.wait(self.poll_s)
+            # A round drains what is due; what falls due later (retries, new entries) waits a poll.
+            self.stopping.wait(self.poll_s)
 
     def round(self) -> bool:
-        """One claim, deliver, settle round; True when it claimed a full batch (more may be due)."""
+        """Claim, deliver and settle until nothing is due; False when nothing was claimed.
+
+        A pipeline: while one batch is posted, the next is claimed, and while that one is
+        posted, the previous is settled (one database thread, so claims and settles keep their
+        order); the claimed batches never overlap, since a claim holds its entries until their
+        acknowledgement deadline.
+        """
         epoch = self.leadership.epoch
         if epoch is None or not self.leadership.is_leader():
             return False
-        holder = self.leadership.holder
-        entries = claim_deliveries(self.db, holder=holder, epoch=epoch, limit=BATCH, ack_s=self.ack_s)
+        claim = functools.partial(
+            claim_deliveries,
+            self.db,
+            holder=self.leadership.holder,
+            epoch=epoch,
+            limit=BATCH,
+            ack_s=self.ack_s,
+        )
+        entries = claim()
         if not entries:
             return False
-        errors = list(self.pool.map(self.sink.deliver, entries))
-        results = list(zip(entries, errors, strict=True))
-        settle_deliveries(self.db, results, holder=holder, epoch=epoch, policy=self.policy)
-        failed = sum(e is not None for e in errors)
+        settling: Future[int] | None = None
+        while entries:
+            upcoming = self.database.submit(claim) if len(entries) >= BATCH else None
+            errors = list(self.pool.map(self.sink.deliver, entries))
+            if settling is not None:
+                settling.result()
+            settling = self.database.submit(self._settle, list(zip(entries, errors, strict=True)), epoch)
+            entries = upcoming.result() if upcoming is not None and self.leadership.is_leader() else []
+        if settling is not None:
+            settling.result()
+        return True
+
+    def _settle(self, results: list[tuple[OutboxEntry, str | None]], epoch: int) -> int:
+        changed = settle_deliveries(
+            self.db, results, holder=self.leadership.holder, epoch=epoch, policy=self.policy
+        )
+        failed = sum(error is not None for _, error in results)
         if failed:
             log.warning(
                 "outbox deliveries failed",
-                extra={"event": "outbox.delivery_failed", "failed": failed, "of": len(entries)},
+                extra={"event": "outbox.delivery_failed", "failed": failed, "of": len(results)},
             )
-        return len(entries) >= BATCH
+        return changed
 
     def stop(self) -> None:
         """Stop after the round in flight."""
         self.stopping.set()
         self.join(timeout=self.ack_s + 5)
         self.pool.shutdown(wait=False)
+        self.database.shutdown(wait=False)
         self.sink.close()

@@ -44,7 +44,7 @@ class WebhookSink:
 
     def __init__(self, url: str, *, secret: str | None, ack_s: float) -> None:
         self.url, self.secret = url, secret
-        self.client = httpx.Client(timeout=ack_s, limits=httpx.Limits(max_connections=32))
+        self.client = httpx.Client(timeout=ack_s, limits=httpx.Limits(max_connections=64))
 
     def deliver(self, entry: OutboxEntry) -> str | None:
         """Post one entry; None when the receiver acknowledged it, else what went wrong."""

@@ -94,24 +94,34 @@ class Settlement:
 
 def settle(conn: Connection, settlements: Sequence[Settlement], *, epoch: int, now: datetime) -> int:
     """Record deliveries of entries claimed at `epoch` (an entry another epoch claimed since is
-    left alone); returns how many rows changed."""
+    left alone); returns how many rows changed. The deliveries go in one statement, each
+    failure in its own (its next try and error are its own)."""
+    pending = OutboxState.PENDING.value
+    delivered = [s.id for s in settlements if s.delivered]
     changed = 0
+    if delivered:
+        changed += conn.execute(
+            sa.update(outbox)
+            .where(outbox.c.id.in_(delivered), outbox.c.leader_epoch == epoch, outbox.c.state == pending)
+            .values(
+                state=OutboxState.DELIVERED.value,
+                delivered_at=now,
+                attempts=outbox.c.attempts + 1,
+                claimed_until=None,
+            )
+        ).rowcount
     for s in settlements:
-        guard = (
-            outbox.c.id == s.id,
-            outbox.c.leader_epoch == epoch,
-            outbox.c.state == OutboxState.PENDING.value,
-        )
         if s.delivered:
-            values: dict[str, Any] = {"state": OutboxState.DELIVERED.value, "delivered_at": now}
-        else:
-            values = {
-                "state": (OutboxState.DEAD if s.dead else OutboxState.PENDING).value,
-                "last_error": (s.error or "")[:2000],
-            }
-            if s.next_attempt_at is not None:
-                values["next_attempt_at"] = s.next_attempt_at
-        values |= {"attempts": outbox.c.attempts + 1, "claimed_until": None}
+            continue
+        values: dict[str, Any] = {
+            "state": (OutboxState.DEAD if s.dead else OutboxState.PENDING).value,
+            "last_error": (s.error or "")[:2000],
+            "attempts": outbox.c.attempts + 1,
+            "claimed_until": None,
+        }
+        if s.next_attempt_at is not None:
+            values["next_attempt_at"] = s.next_attempt_at
+        guard = (outbox.c.id == s.id, outbox.c.leader_epoch == epoch, outbox.c.state == pending)
         changed += conn.execute(sa.update(outbox).where(*guard).values(**values)).rowcount
     return changed
 
