@@ -13,6 +13,7 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -157,3 +158,32 @@ def test_metrics_move_readiness_follows_the_database_and_task_output_stays_out(
         set_connections(dbname, allowed=True)
     for port in (w_port, s_port):
         wait_for(lambda p=port: readiness(p)[0] == 200, timeout=60, message=f"port {port} ready again")
+
+
+def test_standalone_serves_its_scheduler_and_worker_metrics_on_the_api(
+    tmp_path: Path, cluster: Callable[..., Cluster]
+) -> None:
+    port = free_port()
+    c = cluster(f"sqlite:///{tmp_path / 'standalone.db'}", TREADLE_API_METRICS_PUBLIC="1")
+    c.write_dag("observed.py", DAG)
+    c.start("standalone", "standalone", "--concurrency", "2", "--api-port", str(port))
+    wait_for(lambda: get(port, "/readyz")[0] == 200, timeout=60, message="the standalone API ready")
+    c.wait_dag("observed")
+    run_id = c.trigger("observed")
+    c.wait_run(run_id, timeout=60)
+    got = samples(port)
+    assert (
+        got[
+            (
+                "treadle_task_outcomes_total",
+                (("dag_id", "observed"), ("outcome", "success"), ("task_id", "say")),
+            )
+        ]
+        == 1
+    )
+    assert got[("treadle_scheduler_leader", ())] == 1
+    assert got[("treadle_worker_slots", ())] == 2
+    assert got[("treadle_database_up", ())] == 1
+    # Served once, by the API: the scheduler's database gauges are not repeated.
+    status, text = get(port, "/metrics")
+    assert status == 200 and text.count("\ntreadle_leader_present ") == 1

@@ -160,8 +160,7 @@ def standalone_cmd(
     ctx.settings.dags_folder.mkdir(parents=True, exist_ok=True)
     click.echo(f"treadle standalone: database {db.url}, DAGs from {ctx.settings.dags_folder}", err=True)
     # Metrics are on by default here: on the API's /metrics, and on the metrics port if one is set.
-    metrics = _metrics(ctx, always=True)
-    assert metrics is not None
+    metrics = _metrics(ctx, always=not no_api)
     api = None if no_api else _start_api(ctx, host=api_host, port=api_port, metrics=metrics)
     worker = Worker(
         db,
@@ -170,7 +169,7 @@ def standalone_cmd(
         queues=["default"],
         prefetch=default_prefetch(concurrency),
         poll_s=poll_interval,
-        hooks=metrics,
+        hooks=metrics or NO_HOOKS,
     )
     fields.bind(worker_id=worker.worker_id)
     scheduler = _scheduler(ctx, db, metrics)
@@ -184,7 +183,7 @@ def standalone_cmd(
         api.stop()
 
 
-def _start_api(ctx: Context, *, host: str, port: int, metrics: Metrics) -> ApiInThread | None:
+def _start_api(ctx: Context, *, host: str, port: int, metrics: Metrics | None) -> ApiInThread | None:
     """Serve the REST API beside the scheduler and worker; None, said once, when it may not.
 
     A refused API (an unsafe setting, a busy port) never stops the scheduler and worker.
