@@ -121,6 +121,8 @@ class Worker:
             pool_size=1,
             statement_timeout_s=max((settings.lease_s - settings.heartbeat_s) / 2, 0.5),
         )
+        # It records self-fenced attempts too, which may dead-letter: their alerts need the sinks.
+        self.heartbeat_db.outbox_sinks = db.outbox_sinks
         self.hostname = socket.gethostname()
         self.worker_id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         #: Set when the worker stops claiming; `closed` when it stops heartbeating too.
