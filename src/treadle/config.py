@@ -78,6 +78,26 @@ class Settings:
         """The limits a trigger, a backfill or a dataset run must fit in."""
         return AdmissionLimits(per_queue=self.max_queued_per_queue, per_dag=self.max_queued_per_dag)
 
+    #: Port of a scheduler's or worker's /metrics, /healthz and /readyz; None: not served.
+    metrics_port: int | None = None
+    #: Address that port listens on (0.0.0.0 for probes from outside the host or pod).
+    metrics_host: str = "127.0.0.1"
+    #: Process log format, "json" or "text"; None: text on a terminal, JSON elsewhere.
+    log_format: str | None = None
+    #: Where the outbox relay posts dataset events and dead-letter alerts; None: no outbox.
+    outbox_webhook_url: str | None = None
+    #: Signs each webhook body (HMAC-SHA256); None: unsigned.
+    outbox_webhook_secret: str | None = None
+    #: Deliveries of one entry before it is dead.
+    outbox_max_attempts: int = 10
+    #: How long a receiver has to acknowledge one delivery.
+    outbox_ack_s: float = 10.0
+
+    @property
+    def outbox_sinks(self) -> tuple[str, ...]:
+        """The sinks effects are written for (the webhook when it is configured)."""
+        return ("webhook",) if self.outbox_webhook_url else ()
+
     @property
     def logs_dir(self) -> Path:
         """The attempt logs' folder."""
@@ -115,6 +135,11 @@ class Settings:
             artifacts_url=env.get("TREADLE_ARTIFACTS_URL") or None,
             logs_folder=Path(logs).expanduser() if logs else None,
             command_allowlist=parse_allowlist(env.get("TREADLE_COMMAND_ALLOWLIST", "")),
+            metrics_port=parse_metrics_port(env.get("TREADLE_METRICS_PORT", "")),
+            metrics_host=env.get("TREADLE_METRICS_HOST") or "127.0.0.1",
+            log_format=parse_log_format(env.get("TREADLE_LOG_FORMAT", "")),
+            outbox_webhook_url=parse_webhook_url(env.get("TREADLE_OUTBOX_WEBHOOK_URL", "")),
+            outbox_webhook_secret=env.get("TREADLE_OUTBOX_WEBHOOK_SECRET") or None,
             **numbers,
         )
         settings.validate()
@@ -230,6 +255,8 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
         note="0: no limit",
         is_integer=True,
     ),
+    _spec("TREADLE_OUTBOX_MAX_ATTEMPTS", "outbox_max_attempts", 1, 1000, "deliveries", is_integer=True),
+    _spec("TREADLE_OUTBOX_ACK_SECONDS", "outbox_ack_s", 0.1, 300),
 )
 
 
@@ -263,6 +290,37 @@ def parse_task_timeout(raw: str) -> float | None:
             ) from None
     DEFAULT_TASK_TIMEOUT.check(seconds)
     return seconds
+
+
+def parse_metrics_port(raw: str) -> int | None:
+    """TREADLE_METRICS_PORT: a TCP port in 1..65535; empty: no metrics port."""
+    text = raw.strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ConfigError(f"TREADLE_METRICS_PORT must be a TCP port in 1..65535, got {raw!r}")
+    return int(text)
+
+
+def parse_webhook_url(raw: str) -> str | None:
+    """TREADLE_OUTBOX_WEBHOOK_URL: an http(s) URL with a host; empty: no webhook."""
+    text = raw.strip()
+    if not text:
+        return None
+    scheme, sep, rest = text.partition("://")
+    if scheme.lower() not in ("http", "https") or not sep or not rest.split("/")[0]:
+        raise ConfigError(f"TREADLE_OUTBOX_WEBHOOK_URL must be an http:// or https:// URL, got {raw!r}")
+    return text
+
+
+def parse_log_format(raw: str) -> str | None:
+    """TREADLE_LOG_FORMAT: json or text; empty: chosen by whether stderr is a terminal."""
+    text = raw.strip().lower()
+    if not text:
+        return None
+    if text not in ("json", "text"):
+        raise ConfigError(f"TREADLE_LOG_FORMAT must be json or text, got {raw!r}")
+    return text
 
 
 def _number(spec: NumericSetting, raw: str) -> float | int:

@@ -12,11 +12,12 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
 from treadle.api import problems
-from treadle.api.guard import API, Guard
-from treadle.api.routes import accounts, backfills, dags, health, logs, operations, runs
+from treadle.api.guard import API, EXEMPT, Guard
+from treadle.api.routes import accounts, backfills, dags, health, logs, metrics, operations, runs
 from treadle.api.sessions import SessionCodec
 from treadle.api.settings import ApiSettings
 from treadle.domain.admission import NO_LIMITS, AdmissionLimits
+from treadle.observability.metrics import DatabaseGauges, Metrics
 from treadle.store.database import Database
 
 
@@ -30,6 +31,7 @@ def create_app(
     admission: AdmissionLimits = NO_LIMITS,
     logs_dir: Path | None = None,
     backfill_max_span_days: float = 366.0,
+    process_metrics: Metrics | None = None,
 ) -> FastAPI:
     """A FastAPI app serving treadle's REST API on `db`.
 
@@ -37,6 +39,8 @@ def create_app(
     counts as live; `queue_timeout_s` is the deployment's default for triggered runs;
     `admission` limits the queued task instances a trigger or a backfill may add to;
     `logs_dir` is where attempt logs of this host are (None: no logs served).
+    `process_metrics`: the metrics /metrics serves (standalone shares its scheduler's and worker's);
+    None: the API's own. Either way the database gauges are added.
     """
     app = FastAPI(
         title="treadle",
@@ -53,15 +57,30 @@ def create_app(
     app.state.admission = admission
     app.state.logs_dir = logs_dir
     app.state.backfill_max_span_days = backfill_max_span_days
+    app.state.metrics = _metrics(db, process_metrics, worker_stale_s=worker_stale_s)
     problems.install(app)
     problems.document(app)
     # The routes go straight into the app's table (not include_router, which newer FastAPI
     # resolves lazily): the route inventory test and the guard see one flat list.
     for module in (health, accounts, dags, runs, operations, logs, backfills):
         app.router.routes.extend(module.router.routes)
+    metrics_routes = metrics.public_router() if settings.metrics_public else metrics.guarded_router()
+    app.router.routes.extend(metrics_routes.routes)
     app.add_api_route(f"{API}/docs", _docs, include_in_schema=False, methods=["GET"])
-    app.add_middleware(Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes)
+    exempt = EXEMPT | {metrics.PATH} if settings.metrics_public else EXEMPT
+    app.add_middleware(
+        Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes, exempt=exempt
+    )
     return app
+
+
+def _metrics(db: Database, given: Metrics | None, *, worker_stale_s: float) -> Metrics:
+    """The metrics /metrics serves, with the database gauges and the API's database calls timed."""
+    result = given if given is not None else Metrics()
+    if db.on_call is None:
+        result.time_database(db)
+    result.watch(DatabaseGauges(db, worker_stale_s=worker_stale_s))
+    return result
 
 
 def _docs() -> HTMLResponse:

@@ -56,8 +56,18 @@ class Caller:
 class Guard:
     """Pure ASGI middleware (so it sees every request, whatever route or lack of one)."""
 
-    def __init__(self, app: ASGIApp, *, db: Database, codec: SessionCodec, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        db: Database,
+        codec: SessionCodec,
+        max_body_bytes: int,
+        exempt: frozenset[str] = EXEMPT,
+    ) -> None:
         self.app, self.db, self.codec, self.max_body_bytes = app, db, codec, max_body_bytes
+        #: EXEMPT, plus /metrics when the deployment makes it public (TREADLE_API_METRICS_PUBLIC).
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -74,7 +84,7 @@ class Guard:
             await problem(413, "Request body too large", detail)(scope, receive, send)
             return
         replay = _replay(body)
-        if scope["path"] in EXEMPT:
+        if scope["path"] in self.exempt:
             await self.app(scope, replay, send)
             return
         caller, refusal = await run_in_threadpool(self._authenticate, request)

@@ -48,6 +48,8 @@ class ApiSettings:
     max_body_bytes: int = 1024 * 1024
     max_page_size: int = 500
     login_limits: LoginLimits = field(default_factory=LoginLimits)
+    #: Serve /metrics without credentials (for scrapers that cannot send a token).
+    metrics_public: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -57,6 +59,7 @@ class ApiSettings:
             secret_key=env.get("TREADLE_SECRET_KEY") or None,
             admin_password=env.get("TREADLE_ADMIN_PASSWORD") or None,
             behind_tls=_flag(env, "TREADLE_API_BEHIND_TLS"),
+            metrics_public=_flag(env, "TREADLE_API_METRICS_PUBLIC"),
             session_hours=_number(env, "TREADLE_API_SESSION_HOURS", 12.0, 0.01, 24 * 30),
             ready_scheduler_window_s=_number(env, "TREADLE_API_READY_SCHEDULER_SECONDS", 60.0, 1, 86400),
             max_body_bytes=int(

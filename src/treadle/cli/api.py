@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from treadle.api.settings import ApiSettings
+    from treadle.observability.metrics import Metrics
 
 
 @cli.command("api")
@@ -34,14 +35,14 @@ def api_cmd(ctx: Context, host: str, port: int, log_level: str) -> None:
     """
     import uvicorn
 
-    configure_logging(log_level)
+    configure_logging(log_level, log_format=ctx.settings.log_format)
     app = build_app(ctx, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, server_header=False)
     click.echo(f"treadle api: serving http://{host}:{port}/api/v1 (docs at /api/v1/docs)", err=True)
     uvicorn.Server(config).run()
 
 
-def build_app(ctx: Context, *, host: str) -> FastAPI:
+def build_app(ctx: Context, *, host: str, metrics: Metrics | None = None) -> FastAPI:
     """Open the database, bootstrap the admin, refuse an unsafe start; the app to serve."""
     # Imported here, so the other commands do not pay for FastAPI at every start.
     from treadle.api.app import create_app
@@ -80,6 +81,7 @@ def build_app(ctx: Context, *, host: str) -> FastAPI:
         admission=settings.admission_limits,
         logs_dir=settings.logs_dir,
         backfill_max_span_days=settings.backfill_max_span_days,
+        process_metrics=metrics,
     )
 
 

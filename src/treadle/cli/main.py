@@ -71,12 +71,14 @@ class Context:
 
         url = self.settings.database_url
         make_sqlite_folder(url)
-        return Database(
+        db = Database(
             url,
             application_name=application_name,
             pool_size=pool_size,
             max_map_length=self.settings.max_map_length,
         )
+        db.outbox_sinks = self.settings.outbox_sinks
+        return db
 
 
 def make_sqlite_folder(url: str) -> None:
@@ -154,6 +156,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("database", "Database schema and retention."),
     "dead-letters": ("dead_letters", "Task instances that failed for good."),
     "logs": ("logs", "Print the stdout and stderr of one attempt of a task."),
+    "outbox": (
+        "outbox",
+        "Outbox: dataset events and alerts waiting for delivery (TREADLE_OUTBOX_WEBHOOK_URL).",
+    ),
     "pools": ("pools", "Pools: slots that running task instances take (`pool=`, `pool_slots=` on a task)."),
     "queues": ("operations", "Queue depth, oldest queued age, and the live workers serving each queue."),
     "runs": ("runs", "DAG runs."),

@@ -14,6 +14,7 @@ import click
 from treadle.authoring.artifacts import delete_run_files
 from treadle.cli.main import Context, cli, pass_context
 from treadle.errors import ConfigError, InvalidRequest
+from treadle.observability.hooks import NO_HOOKS
 from treadle.observability.logging import configure_logging
 from treadle.scheduler.loop import Scheduler
 from treadle.store.database import Database
@@ -21,6 +22,9 @@ from treadle.worker.worker import Worker
 
 if TYPE_CHECKING:
     from treadle.cli.api import ApiInThread
+    from treadle.delivery.relay import OutboxRelay
+    from treadle.observability.metrics import Metrics
+    from treadle.observability.server import ProcessServer
 
 log = logging.getLogger("treadle")
 
@@ -97,9 +101,10 @@ def worker_cmd(
     log_level: str,
 ) -> None:
     """Claim and run task attempts. SIGTERM drains (a second signal stops at once)."""
-    configure_logging(log_level)
+    fields = configure_logging(log_level, log_format=ctx.settings.log_format)
     if prefetch is None:
         prefetch = default_prefetch(concurrency)
+    metrics = _metrics(ctx)
     worker = Worker(
         ctx.db,
         ctx.settings,
@@ -107,8 +112,11 @@ def worker_cmd(
         queues=_queues(queues),
         prefetch=prefetch,
         poll_s=poll_interval,
+        hooks=metrics or NO_HOOKS,
     )
-    _run_until_signal(ctx, worker=worker, grace_s=grace_period)
+    fields.bind(worker_id=worker.worker_id)
+    server = _instrument(ctx, ctx.db, metrics, worker=worker)
+    _run_until_signal(ctx, worker=worker, grace_s=grace_period, server=server)
 
 
 @cli.command("scheduler")
@@ -120,8 +128,11 @@ def scheduler_cmd(ctx: Context, log_level: str) -> None:
     Run several for high availability: one leads (a lease on the database clock), the others
     stand by and take over within TREADLE_SCHEDULER_LEASE_SECONDS of the leader's death.
     """
-    configure_logging(log_level)
-    _run_until_signal(ctx, scheduler=_scheduler(ctx, ctx.db))
+    configure_logging(log_level, log_format=ctx.settings.log_format)
+    metrics = _metrics(ctx)
+    scheduler = _scheduler(ctx, ctx.db, metrics)
+    server = _instrument(ctx, ctx.db, metrics, scheduler=scheduler)
+    _run_until_signal(ctx, scheduler=scheduler, server=server, relay=_relay(ctx, ctx.db, scheduler))
 
 
 @cli.command("standalone")
@@ -144,28 +155,35 @@ def standalone_cmd(
     no_api: bool,
 ) -> None:
     """Scheduler, worker and REST API in one process (migrates the database first). SIGTERM drains."""
-    configure_logging(log_level)
+    fields = configure_logging(log_level, log_format=ctx.settings.log_format)
     db = ctx.db_upgraded("treadle-standalone")
     ctx.settings.dags_folder.mkdir(parents=True, exist_ok=True)
     click.echo(f"treadle standalone: database {db.url}, DAGs from {ctx.settings.dags_folder}", err=True)
-    api = None if no_api else _start_api(ctx, host=api_host, port=api_port)
+    # Metrics are on by default here: on the API's /metrics, and on the metrics port if one is set.
+    metrics = _metrics(ctx, always=not no_api)
+    api = None if no_api else _start_api(ctx, host=api_host, port=api_port, metrics=metrics)
+    worker = Worker(
+        db,
+        ctx.settings,
+        concurrency=concurrency,
+        queues=["default"],
+        prefetch=default_prefetch(concurrency),
+        poll_s=poll_interval,
+        hooks=metrics or NO_HOOKS,
+    )
+    fields.bind(worker_id=worker.worker_id)
+    scheduler = _scheduler(ctx, db, metrics)
+    server = _instrument(
+        ctx, db, metrics, worker=worker, scheduler=scheduler, api_serves_gauges=api is not None
+    )
     _run_until_signal(
-        ctx,
-        worker=Worker(
-            db,
-            ctx.settings,
-            concurrency=concurrency,
-            queues=["default"],
-            prefetch=default_prefetch(concurrency),
-            poll_s=poll_interval,
-        ),
-        scheduler=_scheduler(ctx, db),
+        ctx, worker=worker, scheduler=scheduler, server=server, relay=_relay(ctx, db, scheduler)
     )
     if api is not None:
         api.stop()
 
 
-def _start_api(ctx: Context, *, host: str, port: int) -> ApiInThread | None:
+def _start_api(ctx: Context, *, host: str, port: int, metrics: Metrics | None) -> ApiInThread | None:
     """Serve the REST API beside the scheduler and worker; None, said once, when it may not.
 
     A refused API (an unsafe setting, a busy port) never stops the scheduler and worker.
@@ -173,7 +191,7 @@ def _start_api(ctx: Context, *, host: str, port: int) -> ApiInThread | None:
     from treadle.cli.api import ApiInThread, build_app
 
     try:
-        api = ApiInThread(build_app(ctx, host=host), host=host, port=port)
+        api = ApiInThread(build_app(ctx, host=host, metrics=metrics), host=host, port=port)
     except ConfigError as exc:
         click.echo(f"treadle standalone: REST API not started: {exc}", err=True)
         return None
@@ -182,7 +200,56 @@ def _start_api(ctx: Context, *, host: str, port: int) -> ApiInThread | None:
     return api
 
 
-def _scheduler(ctx: Context, db: Database) -> Scheduler:
+def _metrics(ctx: Context, *, always: bool = False) -> Metrics | None:
+    """The process's metrics: only where something serves them (prometheus_client loads lazily)."""
+    if not always and ctx.settings.metrics_port is None:
+        return None
+    from treadle.observability.metrics import Metrics
+
+    return Metrics()
+
+
+def _instrument(
+    ctx: Context,
+    db: Database,
+    metrics: Metrics | None,
+    *,
+    worker: Worker | None = None,
+    scheduler: Scheduler | None = None,
+    api_serves_gauges: bool = False,
+) -> ProcessServer | None:
+    """Gauges, database timing and the metrics port (observability/process.py); None: no metrics."""
+    if metrics is None:
+        return None
+    from treadle.observability.process import instrument
+
+    return instrument(
+        ctx.settings,
+        db,
+        metrics,
+        worker=worker,
+        scheduler=scheduler,
+        database_gauges=not api_serves_gauges,
+    )
+
+
+def _relay(ctx: Context, db: Database, scheduler: Scheduler) -> OutboxRelay | None:
+    """The outbox relay of a scheduler, when a webhook is configured (it delivers while leading)."""
+    settings = ctx.settings
+    if settings.outbox_webhook_url is None:
+        return None
+    from treadle.delivery.relay import OutboxRelay
+    from treadle.delivery.webhook import WebhookSink
+    from treadle.domain.outbox import DeliveryPolicy
+
+    sink = WebhookSink(
+        settings.outbox_webhook_url, secret=settings.outbox_webhook_secret, ack_s=settings.outbox_ack_s
+    )
+    policy = DeliveryPolicy(max_attempts=settings.outbox_max_attempts)
+    return OutboxRelay(db, scheduler.leadership, sink, policy=policy, ack_s=settings.outbox_ack_s)
+
+
+def _scheduler(ctx: Context, db: Database, metrics: Metrics | None = None) -> Scheduler:
     return Scheduler(
         db,
         tick_s=ctx.settings.scheduler_tick_s,
@@ -197,6 +264,7 @@ def _scheduler(ctx: Context, db: Database) -> Scheduler:
         max_skew_s=ctx.settings.max_clock_skew_s,
         default_task_timeout_s=ctx.settings.default_task_timeout_s,
         admission=ctx.settings.admission_limits,
+        hooks=metrics or NO_HOOKS,
     )
 
 
@@ -206,6 +274,8 @@ def _run_until_signal(
     worker: Worker | None = None,
     scheduler: Scheduler | None = None,
     grace_s: float | None = None,
+    server: ProcessServer | None = None,
+    relay: OutboxRelay | None = None,
 ) -> None:
     signals = Signals()
     threads = []
@@ -216,12 +286,18 @@ def _run_until_signal(
         threads.append(threading.Thread(target=worker.run, name="treadle-claim", daemon=True))
     for t in threads:
         t.start()
+    if relay is not None:
+        relay.start()
     signals.stop.wait()
     log.info("stopping", extra={"event": "process.stopping"})
     if worker is not None:
         grace = ctx.settings.shutdown_grace_s if grace_s is None else grace_s
         worker.stop(grace_s=grace, hard=signals.hard)
+    if relay is not None:
+        relay.stop()  # before the scheduler releases the lease its settles are fenced on
     if scheduler is not None:
         scheduler.stop()
     for t in threads:
         t.join(timeout=15)
+    if server is not None:
+        server.stop()

@@ -64,6 +64,8 @@ class Action(Enum):
     RUN_BACKFILL = (Role.OPERATOR, Scope.TEAM)
     READ_LOAD_ERRORS = (Role.VIEWER, Scope.GLOBAL)
     READ_OPERATIONS = (Role.VIEWER, Scope.ANY_TEAM)
+    #: /metrics: its labels name every team's DAGs and tasks.
+    READ_METRICS = (Role.VIEWER, Scope.GLOBAL)
     WRITE_POOLS = (Role.OPERATOR, Scope.GLOBAL)
     READ_AUDIT = (Role.ADMIN, Scope.GLOBAL)
     MANAGE_USERS = (Role.ADMIN, Scope.GLOBAL)

@@ -145,6 +145,8 @@ class ClaimedTask:
     claimed_at: datetime | None = None
     first_poke_at: datetime | None = None
     poll_state: Any = None  # Any: JSON
+    #: When the task instance became ready (database time), as the claim read it.
+    queued_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

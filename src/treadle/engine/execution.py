@@ -15,11 +15,13 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.fingerprint import fingerprint
+from treadle.domain.outbox import OutboxKind
 from treadle.domain.records import AttemptDetails, AttemptError, AttemptRow, ClaimedTask, RunInfo
 from treadle.domain.retry import FailurePlan, RetryDecision, plan_failure
 from treadle.domain.sensing import SensorSpec, next_poke_at
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import ending_use_case
+from treadle.engine import outbox
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events
 from treadle.engine.mapping import claim_inputs
@@ -88,9 +90,10 @@ def _claim_in(
     start: int,
     lease_s: float,
     known: Mapping[tuple[str, str], Any] | None = None,
+    refused: Counter[str] | None = None,
 ) -> list[ClaimedTask]:
     """The claim of `claim_task_instances`, inside the caller's transaction (`known`: upstream
-    results already at hand, by (run id, task id))."""
+    results already at hand, by (run id, task id); `refused` counts what limits held back)."""
     known = known or {}
     if limit <= 0:
         return []
@@ -103,6 +106,7 @@ def _claim_in(
         start=start,
         now=dialects.statement_clock(conn),
         lease_s=lease_s,
+        refused=refused,
     )
     if not rows:
         return []
@@ -133,6 +137,8 @@ class Cycle:
     claimed: list[ClaimedTask]
     #: How each poke's reschedule was taken, in the order given.
     rescheduled: list[Ending] = field(default_factory=list)
+    #: Queued candidates the claim left behind because a pool or DAG limit was full, by reason.
+    refused: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,6 +216,7 @@ def work_cycle(
             )
             for r in reschedules
         ]
+        refused: Counter[str] = Counter()
         claimed = _claim_in(
             db,
             conn,
@@ -220,13 +227,16 @@ def work_cycle(
             start=claim_start,
             lease_s=lease_s,
             known=done.values,
+            refused=refused,
         )
         # Other workers hear of readied work only if some may be left for them: a claim that came
         # back short took (or could not admit) everything queued that this transaction could see
         # in the queues it serves.
         if done.readied_queues and (len(claimed) >= claim_limit or not done.readied_queues <= set(queues)):
             dialects.notify_ready(conn)
-        return Cycle(endings=done.endings, started=started, claimed=claimed, rescheduled=rescheduled)
+        return Cycle(
+            endings=done.endings, started=started, claimed=claimed, rescheduled=rescheduled, refused=refused
+        )
 
     return db.transact(work, attempts=attempts)
 
@@ -284,6 +294,7 @@ def attempt_of(
         claimed_at=claimed_at,
         first_poke_at=row.first_poke_at,
         poll_state=row.poll_handle,
+        queued_at=row.queued_at,
     )
 
 
@@ -405,6 +416,7 @@ def _complete_in(
         close_run_if_done(conn, run_id)
     # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
     record_outlet_events(conn, events)
+    outbox.enqueue(db, conn, kind=OutboxKind.DATASET_PUBLISHED, payloads=outbox.dataset_payloads(events))
     return _Completed(
         endings=[Ending(applied=(t.task_instance_id, t.attempt) in ended) for t, _, _, _ in items],
         readied_queues=frozenset(readied_queues),
@@ -557,6 +569,8 @@ def fail_attempt(
             started=outcome is not AttemptOutcome.DISPATCH_TIMEOUT,
         )
         if plan.state is TaskState.DEAD_LETTER:
+            alert = outbox.dead_letter_payload(task, error, reason=plan.dead_letter_reason, at=now)
+            outbox.enqueue(db, conn, kind=OutboxKind.TASK_DEAD_LETTER, payloads=[alert])
             after_dead_letter(db, conn, task, now=now)  # downstream trigger rules decide
             close_run_if_done(conn, task.run_id)
             _record_failed_quality(

@@ -23,11 +23,12 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.mapping import next_held_back
+from treadle.domain.outbox import OutboxKind
 from treadle.domain.records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.states import TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End
-from treadle.engine import propagation
+from treadle.engine import outbox, propagation
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import record_outlet_events
 from treadle.engine.runs import close_run_if_done
@@ -79,6 +80,7 @@ def _follow(
 
 
 def _record_outlets(
+    db: Database,
     conn: Connection,
     version: DagVersion,
     mode: str,
@@ -92,21 +94,20 @@ def _record_outlets(
     outlets = version.structure.tasks[found.task_id].outlets
     if mode == "shadow" or not outlets:
         return
-    record_outlet_events(
-        conn,
-        [
-            {
-                "dataset": name,
-                "run_id": found.run_id,
-                "dag_id": found.dag_id,
-                "task_id": found.task_id,
-                "version": None,
-                "extra": {"resolved_by": actor, "reason": reason.strip()[:500]},
-                "created_at": now,
-            }
-            for name in outlets
-        ],
-    )
+    rows = [
+        {
+            "dataset": name,
+            "run_id": found.run_id,
+            "dag_id": found.dag_id,
+            "task_id": found.task_id,
+            "version": None,
+            "extra": {"resolved_by": actor, "reason": reason.strip()[:500]},
+            "created_at": now,
+        }
+        for name in outlets
+    ]
+    record_outlet_events(conn, rows)
+    outbox.enqueue(db, conn, kind=OutboxKind.DATASET_PUBLISHED, payloads=outbox.dataset_payloads(rows))
 
 
 def list_needs_inspection(db: Database, *, limit: int = 1000) -> list[Inspection]:
@@ -169,7 +170,7 @@ def resolve(
             dialects.notify_ready(conn)
         elif resolution is Resolution.SUCCESS:
             readied = _follow(db, conn, version, found, End.SUCCESS, now=now)
-            _record_outlets(conn, version, run.mode, found, actor=actor, reason=reason, now=now)
+            _record_outlets(db, conn, version, run.mode, found, actor=actor, reason=reason, now=now)
             if readied:
                 dialects.notify_ready(conn)
             else:

@@ -44,6 +44,8 @@ class Leadership:
         self.skew_s = 0.0
         #: Last verdict from a measurable round trip; kept while the skew cannot be measured.
         self.skew_too_large = False
+        #: Monotonic time of the last refresh the database answered (leading or standing by).
+        self.seen_at: float | None = None
 
     @property
     def renew_every_s(self) -> float:
@@ -72,6 +74,7 @@ class Leadership:
             return epoch, judgement, too_large
 
         epoch, judgement, self.skew_too_large = self.db.transact(work)
+        self.seen_at = time.monotonic()
         self._log_skew(judgement)
         if epoch is None:
             if self.skew_too_large:

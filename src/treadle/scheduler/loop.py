@@ -39,6 +39,7 @@ from treadle.engine.scheduling import (
     prefetch_versions,
 )
 from treadle.errors import NotLeader
+from treadle.observability.hooks import NO_HOOKS, Hooks
 from treadle.store import activity
 from treadle.store.database import Database
 from treadle.store.dialects import READY_CHANNEL, SCHEDULER_CHANNEL
@@ -83,10 +84,13 @@ class Scheduler:
         on_pruned: Callable[[list[str]], object] | None = None,
         default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
         admission: AdmissionLimits = NO_LIMITS,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.db = db
         #: Limits on queued task instances a dataset run must fit in (else it waits).
         self.admission = admission
+        #: Told of fire delays and reaped leases (metrics); no-ops unless a process sets them.
+        self.hooks = hooks
         #: Deletes the files of runs that retention pruned (given by the process that knows where).
         self.on_pruned = on_pruned
         self.tick_s = tick_s
@@ -167,6 +171,7 @@ class Scheduler:
 
             reports = [one_pass(0)] if width == 1 else list(self.fire_pool.map(one_pass, range(width)))
             for report in reports:
+                self._observe_fires(report)
                 total.runs_created += report.runs_created
                 total.slots_skipped += report.slots_skipped
                 total.blocked += report.blocked
@@ -180,6 +185,15 @@ class Scheduler:
                 break
             width = FIRE_PARALLEL
         return total
+
+    def _observe_fires(self, report: FireReport) -> None:
+        """Tell the hooks how late each created run came after its slot's fire time (its end)."""
+        if report.now is None:
+            return
+        for run in report.created:
+            if run.data_interval_end is not None:
+                delay_s = (report.now - run.data_interval_end).total_seconds()
+                self.hooks.schedule_fired(delay_s=max(delay_s, 0.0))
 
     def trigger_datasets(self) -> dict[str, int]:
         """Create the runs of dataset-scheduled DAGs whose datasets all have new events."""

@@ -131,6 +131,12 @@ class Database:
         self.max_map_length = max_map_length
         #: Where a SQLite database's wake-ups go (store/wakeups.py); None elsewhere.
         self.wakeups = wakeups.for_url(self.url) if self.dialect == "sqlite" else None
+        #: Told the kind ("write", "read") and duration in seconds of every transact and query,
+        #: retries included (a process with metrics sets it); None: nothing is timed.
+        self.on_call: Callable[[str, float], None] | None = None
+        #: The outbox sinks the deployment delivers to ("webhook"); effects are written to the
+        #: outbox only for these (none: nothing is written).
+        self.outbox_sinks: tuple[str, ...] = ()
 
     @property
     def is_sqlite(self) -> bool:
@@ -182,6 +188,15 @@ class Database:
 
         `retry_conflicts` also retries unique violations, for upserts that race each other.
         """
+        if self.on_call is None:
+            return self._transact(fn, attempts=attempts, retry_conflicts=retry_conflicts)
+        began = time.perf_counter()
+        try:
+            return self._transact(fn, attempts=attempts, retry_conflicts=retry_conflicts)
+        finally:
+            self.on_call("write", time.perf_counter() - began)
+
+    def _transact(self, fn: Callable[[Connection], T], *, attempts: int, retry_conflicts: bool) -> T:
         for n in range(1, attempts + 1):
             try:
                 with self.begin() as conn:
@@ -200,6 +215,15 @@ class Database:
 
     def query(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:
         """Run `fn` in a read transaction, retrying transient errors."""
+        if self.on_call is None:
+            return self._query(fn, attempts=attempts)
+        began = time.perf_counter()
+        try:
+            return self._query(fn, attempts=attempts)
+        finally:
+            self.on_call("read", time.perf_counter() - began)
+
+    def _query(self, fn: Callable[[Connection], T], *, attempts: int) -> T:
         for n in range(1, attempts + 1):
             try:
                 with self.read() as conn:

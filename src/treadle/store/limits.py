@@ -39,6 +39,8 @@ class Exclusions:
     ids: set[int] = field(default_factory=set)
     pools: set[str] = field(default_factory=set)
     dags: set[str] = field(default_factory=set)
+    #: Candidates left queued, by reason ("pool", "dag_limit"): what metrics call refusals.
+    refusals: Counter[str] = field(default_factory=Counter)
 
 
 def admit(conn: Connection, candidates: list[Candidate], excluded: Exclusions) -> list[int]:
@@ -56,11 +58,13 @@ def admit(conn: Connection, candidates: list[Candidate], excluded: Exclusions) -
         excluded.ids.add(c.id)
         if c.dag_id in dag_limits and dag_running[c.dag_id] + 1 > dag_limits[c.dag_id]:
             excluded.dags.add(c.dag_id)
+            excluded.refusals["dag_limit"] += 1
             continue
         if c.pool is not None:
             size = pool_sizes.get(c.pool)
             if size is None or pool_used[c.pool] + c.pool_slots > size:
                 excluded.pools.add(c.pool)
+                excluded.refusals["pool"] += 1
                 continue
             pool_used[c.pool] += c.pool_slots
         dag_running[c.dag_id] += 1

@@ -530,3 +530,27 @@ dataset_consumers = sa.Table(
     sa.Column("last_event_id", sa.BigInteger, nullable=False, server_default="0"),
     **MYSQL_OPTIONS,
 )
+
+#: Side effects that leave the system (dataset events, dead-letter alerts), written in the
+#: transaction of the change that causes them and delivered by the leader's relay (0013).
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(100), nullable=False),
+    sa.Column("sink", sa.String(100), nullable=False),
+    sa.Column("payload", JSONType, nullable=False),
+    #: pending, delivered or dead.
+    sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_at", UTCDateTime, nullable=False),
+    #: While a relay delivers the entry: its acknowledgement deadline (then anyone may retry).
+    sa.Column("claimed_until", UTCDateTime, nullable=True),
+    #: The leader epoch of the relay that last claimed it (its settle is fenced on it).
+    sa.Column("leader_epoch", sa.BigInteger, nullable=True),
+    sa.Column("last_error", sa.String(2000), nullable=True),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("delivered_at", UTCDateTime, nullable=True),
+    sa.Index(None, "state", "next_attempt_at"),
+    **MYSQL_OPTIONS,
+)

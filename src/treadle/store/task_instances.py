@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,8 +30,9 @@ _ATTEMPT_COLUMNS = (
     ti.c.orphaned_count,
     ti.c.map_index,
 )
-#: What a claim reads besides: its time (the heartbeat it stamps) and the poke columns.
-_CLAIM_COLUMNS = (ti.c.heartbeat_at, ti.c.first_poke_at, ti.c.poll_handle)
+#: What a claim reads besides: its time (the heartbeat it stamps), when the instance became
+#: ready, and the poke columns.
+_CLAIM_COLUMNS = (ti.c.heartbeat_at, ti.c.queued_at, ti.c.first_poke_at, ti.c.poll_handle)
 
 
 def stamp(now: datetime | None, *, plus: timedelta | None = None) -> Any:
@@ -61,6 +63,7 @@ def claim(
     start: int,
     now: datetime | None,
     lease_s: float,
+    refused: Counter[str] | None = None,
 ) -> list[AttemptRow]:
     """Move up to `limit` queued task instances to running for this worker, highest priority first.
 
@@ -69,7 +72,8 @@ def claim(
     `max_active_tasks` while the limit rows are locked (F15), then moved in one UPDATE. The
     first `start` are started (started_at and timeout_at stamped: they go to idle slots now);
     the rest are claimed for the worker's buffer, unstarted until `start_claimed_many`. `now` None
-    stamps rows with the statement's database time (see `stamp`).
+    stamps rows with the statement's database time (see `stamp`). `refused`, if given, is added
+    the candidates that pool or DAG limits held back, by reason.
     """
     claimed: list[AttemptRow] = []
     excluded = Exclusions()
@@ -96,6 +100,8 @@ def claim(
             )
         if len(claimed) >= limit or len(admitted) == len(candidates):
             break  # full, or nothing was held back that another round could look past
+    if refused is not None:
+        refused.update(excluded.refusals)
     return claimed
 
 

@@ -14,6 +14,8 @@ from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
 from treadle.engine.datasets import OutletEvent, parse_outlet_events
 from treadle.engine.execution import Ending, Reschedule, complete_attempt, fail_attempt
+from treadle.observability.hooks import NO_HOOKS, Hooks
+from treadle.observability.logging import attempt_context
 from treadle.store.database import Database
 from treadle.worker.attempt_log import AttemptFiles
 from treadle.worker.child_process import ChildImports, ChildProcess
@@ -66,8 +68,11 @@ class Slot(threading.Thread):
         submit: Callable[[ClaimedTask, Any, Mapping[str, OutletEvent], AttemptDetails], None] | None = None,
         reschedule: Callable[[Reschedule], None] | None = None,
         files: AttemptFiles | None = None,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         super().__init__(name=f"treadle-slot-{index}", daemon=True)
+        #: Told how each attempt ended and what became of a failed one (metrics).
+        self.hooks = hooks
         self.db, self.worker_id, self.hostname = db, worker_id, hostname
         self.version = version
         self.on_idle = on_idle
@@ -161,7 +166,8 @@ class Slot(threading.Thread):
             current = self.running
             while current is not None:
                 try:
-                    self._execute(current)
+                    with attempt_context(**_attempt_ids(current.task)):
+                        self._execute(current)
                 except Exception:  # last resort: the lease expires and the reaper records `lost`
                     log.exception(
                         "slot failed while running an attempt", extra={"event": "worker.slot_error"}
@@ -180,7 +186,8 @@ class Slot(threading.Thread):
         version = self.version(task.dag_version_id)
         definition = version.structure.tasks[task.task_id]
         message = self._message(task, version, definition)
-        deadline = time.monotonic() + task.timeout_s if task.timeout_s else None
+        began = time.monotonic()
+        deadline = began + task.timeout_s if task.timeout_s else None
         outcome = self._exchange(message, deadline, current)
         if outcome is None:  # revoked before it finished: report nothing for it
             if current.fenced_after_s is not None and self.on_fenced is not None:
@@ -196,6 +203,7 @@ class Slot(threading.Thread):
             except ValueError as exc:
                 outcome = _invalid_outlet_events(str(exc))
             else:
+                self._finished(task, AttemptOutcome.SUCCESS, began)
                 # A lost attempt's report is discarded there.
                 self.submit(current.task, outcome.get("value"), annotations, to_attempt_details(outcome))
                 return
@@ -203,6 +211,12 @@ class Slot(threading.Thread):
         kind = AttemptOutcome(outcome.get("outcome", AttemptOutcome.FAILED.value))
         if error.unknown_commit and kind is AttemptOutcome.FAILED:
             kind = AttemptOutcome.UNKNOWN_COMMIT
+        self._finished(task, kind, began)
+        # Failures are rare and worth a line; the attempt's ids come from its log context.
+        log.info(
+            "attempt failed",
+            extra={"event": "worker.attempt_failed", "outcome": kind.value, "error_type": error.error_type},
+        )
         if not self._await_confirmation(current):
             return  # the start was refused (revoked): the attempt is not this worker's to end
         task = current.task
@@ -220,7 +234,27 @@ class Slot(threading.Thread):
         )
         if ending is None:
             return
+        self._observe_ending(task, kind, ending)
         self._callback(ending, definition.has_on_retry, definition.has_on_dead_letter, message, error)
+
+    def _finished(self, task: ClaimedTask, outcome: AttemptOutcome, began: float) -> None:
+        self.hooks.attempt_finished(
+            dag_id=task.dag_id,
+            task_id=task.task_id,
+            outcome=outcome.value,
+            duration_s=time.monotonic() - began,
+        )
+
+    def _observe_ending(self, task: ClaimedTask, outcome: AttemptOutcome, ending: Ending) -> None:
+        """Tell the hooks what the recorded failure did: a retry, a dead letter or an inspection."""
+        if not ending.applied or ending.decision is None:
+            return
+        if ending.decision.retry:
+            self.hooks.attempt_retried(dag_id=task.dag_id, task_id=task.task_id)
+        elif outcome is AttemptOutcome.UNKNOWN_COMMIT:
+            self.hooks.attempt_needs_inspection(dag_id=task.dag_id, task_id=task.task_id)
+        else:
+            self.hooks.attempt_dead_lettered(dag_id=task.dag_id, task_id=task.task_id)
 
     def _message(self, task: ClaimedTask, version: DagVersion, definition: TaskDef) -> Message:
         """The request to run an attempt: its arguments, its files (log, manifest, outputs) and,
@@ -380,6 +414,17 @@ class Slot(threading.Thread):
                 self.child.restart()
         except (EOFError, OSError):
             self.child.restart()
+
+
+def _attempt_ids(task: ClaimedTask) -> dict[str, object]:
+    """What every log line about this attempt carries (observability/logging.py)."""
+    return {
+        "run_id": task.run_id,
+        "dag_id": task.dag_id,
+        "task_id": task.task_id,
+        "map_index": task.map_index,
+        "attempt": task.attempt,
+    }
 
 
 def _ids(task: ClaimedTask) -> dict[str, object]:

@@ -37,6 +37,7 @@ from treadle.engine.execution import (
 )
 from treadle.engine.sensing import ORPHANED_JOB, owe_job_cancel
 from treadle.engine.workers import record_worker, touch_worker
+from treadle.observability.hooks import NO_HOOKS, Hooks
 from treadle.store.database import Database, is_transient
 from treadle.store.dialects import CANCEL_CHANNEL, READY_CHANNEL
 from treadle.store.notifications import listen
@@ -83,8 +84,11 @@ class Worker:
         worker_id: str | None = None,
         poll_s: float = 1.0,
         prefetch: int = 0,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.db, self.settings = db, settings
+        #: Told of starts, outcomes and refusals (metrics); no-ops unless a process sets them.
+        self.hooks = hooks
         self.concurrency, self.queues, self.poll_s = concurrency, queues, poll_s
         #: Attempts claimed ahead of a free slot (they hold a lease and are heartbeated, but are
         #: started only when a slot takes them). Guarded by `_buffer_lock`.
@@ -120,6 +124,8 @@ class Worker:
             pool_size=1,
             statement_timeout_s=max((settings.lease_s - settings.heartbeat_s) / 2, 0.5),
         )
+        # It records self-fenced attempts too, which may dead-letter: their alerts need the sinks.
+        self.heartbeat_db.outbox_sinks = db.outbox_sinks
         self.hostname = socket.gethostname()
         self.worker_id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         #: Set when the worker stops claiming; `closed` when it stops heartbeating too.
@@ -134,6 +140,8 @@ class Worker:
         #: DAG files that did not import within the limit: task processes do not import them.
         self.slow_files: frozenset[str] = frozenset()
         self.job_canceller: JobCanceller | None = None
+        #: Set once the DAG folder was read at start (readiness).
+        self.dags_loaded = False
 
     def version(self, version_id: int) -> DagVersion:
         """Return a DAG version (cached)."""
@@ -148,6 +156,7 @@ class Worker:
         settings = self.settings
         prestart(settings.dags_folder, settings.max_result_bytes, settings.dag_import_timeout_s)
         self.refresh_dags()
+        self.dags_loaded = True
         record_worker(
             self.db,
             worker_id=self.worker_id,
@@ -176,6 +185,7 @@ class Worker:
                 submit=self._submit_success,
                 reschedule=self._submit_reschedule,
                 files=AttemptFiles.of(self.settings),
+                hooks=self.hooks,
             )
             self.slots.append(slot)
             slot.start()
@@ -355,6 +365,7 @@ class Worker:
             self._recorded(item, ending)
         self._confirm(taken, confirmed)
         self._forget_start_times()
+        self._observe(cycle)
         for buffered, task in zip(to_start, cycle.started[: len(to_start)], strict=True):
             if task is not None and (task.task_instance_id, task.attempt) in still:
                 self.idle.get().assign(task)
@@ -396,6 +407,22 @@ class Worker:
                 len(self.prefetched),
             )
             self.prefetched.insert(at, task)
+
+    def _observe(self, cycle: Cycle) -> None:
+        """Tell the hooks how long the attempts this pass started waited, and what it refused."""
+        for task in itertools.chain(cycle.started, cycle.claimed):
+            if task is not None and task.started_at is not None and task.queued_at is not None:
+                delay_s = (task.started_at - task.queued_at).total_seconds()
+                self.hooks.attempt_started(dag_id=task.dag_id, delay_s=delay_s)
+        for reason, count in cycle.refused.items():
+            self.hooks.admission_refused(reason=reason, count=count)
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """Attempts running in slots and attempts waiting in the buffer, now."""
+        active = sum(1 for slot in self.slots if slot.running is not None)
+        with self._buffer_lock:
+            return active, len(self.prefetched)
 
     def _cycle_failed(self, exc: Exception, successes: list[Success], pokes: list[Reschedule]) -> None:
         """A pass did not commit: keep every outcome (backpressure: nothing new is claimed until

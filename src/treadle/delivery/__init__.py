@@ -1,0 +1,1 @@
+"""Delivery of outbox entries to the outside world: the leader's relay and its sinks."""
