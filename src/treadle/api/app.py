@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -25,12 +26,16 @@ def create_app(
     secret_key: str,
     worker_stale_s: float = 30.0,
     queue_timeout_s: float = 600.0,
+    logs_dir: Path | None = None,
 ) -> FastAPI:
     """A FastAPI app serving treadle's REST API on `db`.
 
     `secret_key` signs session cookies; `worker_stale_s` (the lease) is how long a silent worker
-    counts as live; `queue_timeout_s` is the deployment's default for triggered runs.
+    counts as live; `queue_timeout_s` is the deployment's default for triggered runs;
+    `logs_dir` is where the web UI reads attempt logs (None: it shows none).
     """
+    from treadle.web.app import mount
+
     app = FastAPI(
         title="treadle",
         version="1",
@@ -49,7 +54,10 @@ def create_app(
     for module in (health, accounts, dags, runs, operations):
         app.router.routes.extend(module.router.routes)
     app.add_api_route(f"{API}/docs", _docs, include_in_schema=False, methods=["GET"])
-    app.add_middleware(Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes)
+    pages = mount(app, logs_dir=logs_dir)
+    app.add_middleware(
+        Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes, pages=pages
+    )
     return app
 
 

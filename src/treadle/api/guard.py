@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from urllib.parse import parse_qs, quote
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from treadle.api.problems import problem
-from treadle.api.sessions import CSRF_HEADER, SESSION_COOKIE, SessionCodec, csrf_matches
+from treadle.api.sessions import CSRF_FORM_FIELD, CSRF_HEADER, SESSION_COOKIE, SessionCodec, csrf_matches
 from treadle.domain.access import Principal, redact_secrets
 from treadle.engine import accounts
 from treadle.store import audit
@@ -56,8 +57,19 @@ class Caller:
 class Guard:
     """Pure ASGI middleware (so it sees every request, whatever route or lack of one)."""
 
-    def __init__(self, app: ASGIApp, *, db: Database, codec: SessionCodec, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        db: Database,
+        codec: SessionCodec,
+        max_body_bytes: int,
+        pages: PageGate | None = None,
+    ) -> None:
         self.app, self.db, self.codec, self.max_body_bytes = app, db, codec, max_body_bytes
+        self.pages = pages
+        self.exempt = EXEMPT | (pages.public if pages else frozenset())
+        self.password_allowed = PASSWORD_CHANGE_ALLOWED | (pages.password_allowed if pages else frozenset())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -74,12 +86,16 @@ class Guard:
             await problem(413, "Request body too large", detail)(scope, receive, send)
             return
         replay = _replay(body)
-        if scope["path"] in EXEMPT:
+        if scope["path"] in self.exempt:
             await self.app(scope, replay, send)
             return
-        caller, refusal = await run_in_threadpool(self._authenticate, request)
+        caller, refusal = await run_in_threadpool(self._authenticate, request, body)
         if refusal is not None:
             status, title, detail = refusal
+            redirect = self._page_redirect(request, status, title)
+            if redirect is not None:
+                await _see_other(redirect)(scope, replay, send)
+                return
             extra = {"password_change": f"{API}/auth/password"} if title == "Password change required" else {}
             await problem(status, title, detail, **extra)(scope, replay, send)
             if status == 403 and caller is not None and request.method not in SAFE_METHODS:
@@ -94,7 +110,20 @@ class Guard:
                 self._audit, request, caller, body, status_seen[0] if status_seen else 500
             )
 
-    def _authenticate(self, request: Request) -> tuple[Caller | None, tuple[int, str, str] | None]:
+    def _page_redirect(self, request: Request, status: int, title: str) -> str | None:
+        """Where a browser asking for a page goes instead of a refusal (None: answer the refusal)."""
+        path = request.url.path
+        if self.pages is None or request.method != "GET" or path.startswith(f"{API}/") or path in EXEMPT:
+            return None
+        if status == 401:
+            return f"{self.pages.login}?next={quote(path, safe='/')}"
+        if title == "Password change required":
+            return self.pages.password
+        return None
+
+    def _authenticate(
+        self, request: Request, body: bytes = b""
+    ) -> tuple[Caller | None, tuple[int, str, str] | None]:
         address = request.client.host if request.client else None
         header = request.headers.get("authorization")
         if header is not None:
@@ -121,11 +150,11 @@ class Guard:
                 return None, (401, "Not authenticated", "the session has ended; sign in again")
             caller = Caller(principal=principal, via_cookie=True, address=address)
             if request.method not in SAFE_METHODS and not csrf_matches(
-                session, request.headers.get(CSRF_HEADER)
+                session, request.headers.get(CSRF_HEADER) or _form_csrf(request, body)
             ):
                 detail = "the X-CSRF-Token header is missing or does not match the session's CSRF token"
                 return caller, (403, "CSRF check failed", detail)
-        if principal.must_change_password and request.url.path not in PASSWORD_CHANGE_ALLOWED:
+        if principal.must_change_password and request.url.path not in self.password_allowed:
             detail = f"change the password first: POST {API}/auth/password"
             return caller, (403, "Password change required", detail)
         return caller, None
@@ -158,6 +187,35 @@ class Guard:
             log.exception("could not record an API call", extra={"event": "api.audit_failed"})
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PageGate:
+    """The browser pages behind the guard: their public paths (exact) and where refusals go."""
+
+    #: Exact paths served without credentials (the login page, each static file).
+    public: frozenset[str]
+    #: Exact paths an account that must change its password may still use.
+    password_allowed: frozenset[str]
+    login: str
+    password: str
+
+
+def _form_csrf(request: Request, body: bytes) -> str | None:
+    """The CSRF token a posted HTML form carries in its `csrf_token` field (None if none)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded" or not body:
+        return None
+    values = parse_qs(body.decode("utf-8", errors="replace")).get(CSRF_FORM_FIELD)
+    return values[0] if values else None
+
+
+def _see_other(location: str) -> ASGIApp:
+    async def respond(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 303, "headers": [(b"location", location.encode())]})
+        await send({"type": "http.response.body", "body": b""})
+
+    return respond
+
+
 def _redacted_body(body: bytes) -> Any:  # Any: the JSON body, secrets masked
     if not body:
         return None
@@ -166,7 +224,13 @@ def _redacted_body(body: bytes) -> Any:  # Any: the JSON body, secrets masked
     try:
         return redact_secrets(json.loads(body))
     except ValueError:
+        pass
+    try:
+        form = {k: v[0] if len(v) == 1 else v for k, v in parse_qs(body.decode(), strict_parsing=True).items()}
+    except (ValueError, UnicodeDecodeError):
         return f"<{len(body)} bytes, not JSON>"
+    form.pop(CSRF_FORM_FIELD, None)
+    return redact_secrets(form)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

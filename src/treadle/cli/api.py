@@ -37,7 +37,7 @@ def api_cmd(ctx: Context, host: str, port: int, log_level: str) -> None:
     configure_logging(log_level)
     app = build_app(ctx, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, server_header=False)
-    click.echo(f"treadle api: serving http://{host}:{port}/api/v1 (docs at /api/v1/docs)", err=True)
+    click.echo(f"treadle api: serving http://{host}:{port}/ (API at /api/v1, docs at /api/v1/docs)", err=True)
     uvicorn.Server(config).run()
 
 
@@ -77,6 +77,7 @@ def build_app(ctx: Context, *, host: str) -> FastAPI:
         secret_key=key,
         worker_stale_s=settings.lease_s,
         queue_timeout_s=settings.queue_timeout_s,
+        logs_dir=settings.logs_dir,
     )
 
 
