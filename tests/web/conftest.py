@@ -1,29 +1,31 @@
-"""The web UI over a real SQLite file: served by uvicorn in a thread, DAGs run in-process."""
+"""The web UI in-process (TestClient) over a real SQLite file, with DAGs run by treadle.testing."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
+import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from tests.api.dags_for_api import fin_report, ops_daily
-from tests.web.dags_for_web import MARKER_ENV, web_pipeline
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from tests.web.dags_for_web import MARKER_ENV, ops_cleanup, web_pipeline
 from treadle.api.app import create_app
 from treadle.api.settings import ApiSettings
-from treadle.domain.access import Role
+from treadle.domain.access import ALL_TEAMS, Role
 from treadle.engine import accounts
 from treadle.engine.accounts import Caller
 from treadle.engine.dags import sync_dags
+from treadle.store.database import Database
 from treadle.testing import DagRunner
 
 PASSWORD = "correct horse battery staple"
-ADMIN_FIRST_PASSWORD = "first admin password 0"
+ADMIN_FIRST = "the first admin password 1"
 SECRET = "w" * 48
 BY = Caller(actor="test")
 #: persona -> (team, role).
@@ -31,69 +33,67 @@ PERSONAS = {
     "fin_operator": ("finance", Role.OPERATOR),
     "fin_viewer": ("finance", Role.VIEWER),
     "ops_viewer": ("ops", Role.VIEWER),
+    "chief": (ALL_TEAMS, Role.ADMIN),
 }
-LOAD_ERROR = ("/dags/broken_feed.py", ("SyntaxError: invalid syntax (broken_feed.py, line 3)", "Traceback (most recent call last):\n  File \"/dags/broken_feed.py\", line 3\n    def broken(:\n               ^\nSyntaxError: invalid syntax"))
+BROKEN_FILE = "/dags/broken_feed.py"
+BROKEN = (
+    "SyntaxError: invalid syntax",
+    'Traceback (most recent call last):\n  File "/dags/broken_feed.py"\nSyntaxError',
+)
 
 
 @pytest.fixture(autouse=True)
 def cheap_password_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """argon2 at its smallest cost (the tests sign in many times on a busy machine)."""
+    """argon2 at its smallest cost in this process (the tests sign in many times)."""
     from argon2 import PasswordHasher
 
     monkeypatch.setattr(accounts, "_hasher", PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1))
 
 
 @dataclass
-class Site:
-    """A served web UI: its base URL, the DAG runner on its database, the marker file."""
+class Web:
+    """An app over a database with the test DAGs, and the runner that executes web_pipeline."""
 
-    url: str
+    db: Database
     runner: DagRunner
     marker: Path
 
-    def run_to_end(self, run_id: str) -> str:
-        """Drive a run to its end in this process; its final state."""
-        return self.runner.run_until_done(run_id, timeout_s=60).state
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    def client(self) -> TestClient:
+        """A new browser-like client (its own cookies), not following redirects."""
+        app = create_app(self.db, ApiSettings(), secret_key=SECRET, logs_dir=self.runner.files.logs_dir)
+        return TestClient(app, follow_redirects=False)
 
 
 @pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
-    """The app on a fresh SQLite file with the bootstrap admin, personas, DAGs and a load error."""
+def web(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Web]:
+    """Personas, the bootstrap admin (with its first password), two DAGs and a load error."""
     marker = tmp_path / "feed-is-back"
     monkeypatch.setenv(MARKER_ENV, str(marker))
-    runner = DagRunner(web_pipeline, database_url=f"sqlite:///{tmp_path / 'treadle.db'}")
+    runner = DagRunner(web_pipeline, database_url=sqlite_url)
     db = runner.db
     sync_dags(
-        db,
-        structures=[fin_report.structure(), ops_daily.structure()],
-        scanned_files=[LOAD_ERROR[0]],
-        errors=dict([LOAD_ERROR]),
+        db, structures=[ops_cleanup.structure()], scanned_files=[BROKEN_FILE], errors={BROKEN_FILE: BROKEN}
     )
     for team in ("finance", "ops"):
         accounts.create_team(db, team, by=BY)
-    accounts.bootstrap_admin(db, password=ADMIN_FIRST_PASSWORD)
+    accounts.bootstrap_admin(db, password=ADMIN_FIRST)
     for name, (team, role) in PERSONAS.items():
         accounts.create_user(db, name, PASSWORD, team=team, role=role, by=BY)
-    app = create_app(db, ApiSettings(), secret_key=SECRET, logs_dir=runner.files.logs_dir)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, name="web-ui-test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test web server did not start within 30 s")
-        time.sleep(0.02)
-    try:
-        yield Site(url=f"http://127.0.0.1:{port}", runner=runner, marker=marker)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        runner.close()
+    yield Web(db=db, runner=runner, marker=marker)
+    runner.close()
+
+
+def csrf_of(html: str) -> str:
+    """The CSRF token the page's forms carry."""
+    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert found, "the page has no form with a CSRF token"
+    return found.group(1)
+
+
+def sign_in(client: TestClient, username: str, password: str = PASSWORD) -> str:
+    """Sign in through the login form; the CSRF token of the session."""
+    response = client.post("/login", data={"username": username, "password": password, "next": "/"})
+    assert response.status_code == 303, response.text
+    page = client.get("/password" if response.headers["location"] == "/password" else "/")
+    assert page.status_code == 200
+    return csrf_of(page.text)

@@ -42,7 +42,9 @@ BROKEN_DAG = "from treadle import dag\n\n@dag(dag_id='broken_feed'\ndef broken_f
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
 ]
 
 
@@ -90,11 +92,18 @@ def treadle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Treadle]:
         **{MARKER_ENV: str(marker)},
     )
     log = root / "standalone.log"
-    proc = start(["standalone", "--api-port", str(port), "--concurrency", "4", "--poll-interval", "0.2"], env, log)
+    proc = start(
+        ["standalone", "--api-port", str(port), "--concurrency", "4", "--poll-interval", "0.2"], env, log
+    )
     db: Database | None = None
     try:
         db = Database(url, application_name="treadle-web-test")
-        wait_for(lambda: _registered(db), timeout=60, interval=0.2, message="the standalone to register web_pipeline")
+        wait_for(
+            lambda: _registered(db),
+            timeout=60,
+            interval=0.2,
+            message="the standalone to register web_pipeline",
+        )
         wait_for(lambda: _listening(port), timeout=30, interval=0.1, message="the web UI to listen")
         for team in ("finance", "ops"):
             accounts.create_team(db, team, by=BY)
@@ -168,7 +177,9 @@ class Tab:
 @pytest.fixture
 def tab(browser: Browser, treadle: Treadle, tmp_path: Path) -> Iterator[Tab]:
     """A fresh browser context (no cookies) with a page; fails the test on any console error."""
-    context: BrowserContext = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=treadle.url)
+    context: BrowserContext = browser.new_context(
+        viewport={"width": 1280, "height": 900}, base_url=treadle.url
+    )
     page = context.new_page()
     found = Tab(page=page, base=treadle.url)
     page.on("console", lambda m: _console(found, m))
@@ -248,7 +259,9 @@ def test_trigger_with_bad_then_good_params_and_watch_the_grid(tab: Tab, treadle:
     page.evaluate("window.__sameDocument = true")
     header = page.locator(f'.grid .runhead a[href="/runs/{run_id}"]')
     expect(header).to_have_class(re.compile(r"s-success"), timeout=45_000)
-    expect(page.locator(f'.grid a.cell[href="/runs/{run_id}/tasks/publish"]')).to_have_class(re.compile("s-success"))
+    expect(page.locator(f'.grid a.cell[href="/runs/{run_id}/tasks/publish"]')).to_have_class(
+        re.compile("s-success")
+    )
     expect(page.locator(f'.grid a.cell.mapped[href="/runs/{run_id}/tasks/square"]')).to_have_text("3")
     assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
     page.reload()
@@ -264,7 +277,10 @@ def test_trigger_with_bad_then_good_params_and_watch_the_grid(tab: Tab, treadle:
 
 def test_dead_letter_traceback_log_and_requeue_group(tab: Tab, treadle: Treadle) -> None:
     treadle.marker.unlink(missing_ok=True)
-    runs = [trigger_run(treadle.db, "web_pipeline", conf={"limit": 2}, triggered_by="test").run_id for _ in range(2)]
+    runs = [
+        trigger_run(treadle.db, "web_pipeline", conf={"limit": 2}, triggered_by="test").run_id
+        for _ in range(2)
+    ]
     for run_id in runs:
         assert treadle.wait_run(run_id) == "failed"
     tab.login("fin_operator")
@@ -276,7 +292,9 @@ def test_dead_letter_traceback_log_and_requeue_group(tab: Tab, treadle: Treadle)
     tab.shoot("dead-letters")
     group.get_by_role("link", name=re.compile(r"web_pipeline\.flaky")).first.click()
     expect(page.locator("h1 .badge")).to_have_text("dead letter")
-    expect(page.locator("pre.trace").first).to_contain_text("ConnectionError: the upstream feed refused the connection")
+    expect(page.locator("pre.trace").first).to_contain_text(
+        "ConnectionError: the upstream feed refused the connection"
+    )
     expect(page.locator("pre.log")).to_contain_text("checking the upstream feed, 3 values")
     tab.shoot("task-dead-letter")
     treadle.marker.touch()
@@ -306,7 +324,13 @@ def test_pause_a_dag(tab: Tab, treadle: Treadle) -> None:
 def test_a_viewer_sees_no_mutating_control_and_a_forged_post_is_refused(tab: Tab, treadle: Treadle) -> None:
     tab.login("fin_viewer")
     run_id = queries.list_runs(treadle.db, dag_id="web_pipeline")[0].run_id
-    for path in ("/", "/dags/web_pipeline", f"/runs/{run_id}", f"/runs/{run_id}/tasks/flaky", "/dead-letters"):
+    for path in (
+        "/",
+        "/dags/web_pipeline",
+        f"/runs/{run_id}",
+        f"/runs/{run_id}/tasks/flaky",
+        "/dead-letters",
+    ):
         page = tab.go(path)
         expect(page.locator("main")).to_be_visible()
         posts = page.locator("form[method=post]")
@@ -324,7 +348,9 @@ def test_a_viewer_sees_no_mutating_control_and_a_forged_post_is_refused(tab: Tab
     assert "pause_dag needs the role operator" in forged.text()
     no_token = page.request.post(treadle.url + "/dags/web_pipeline/pause", form={"x": "1"})
     assert no_token.status == 403 and "CSRF" in no_token.text()
-    trigger = page.request.post(treadle.url + "/dags/web_pipeline/trigger", form={"csrf_token": csrf, "limit": "5"})
+    trigger = page.request.post(
+        treadle.url + "/dags/web_pipeline/trigger", form={"csrf_token": csrf, "limit": "5"}
+    )
     assert trigger.status == 403
     dag = queries.get_dag(treadle.db, "web_pipeline")
     assert dag is not None and not dag.is_paused

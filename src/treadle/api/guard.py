@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-from urllib.parse import parse_qs, quote
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -210,7 +210,9 @@ def _form_csrf(request: Request, body: bytes) -> str | None:
 
 def _see_other(location: str) -> ASGIApp:
     async def respond(scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 303, "headers": [(b"location", location.encode())]})
+        await send(
+            {"type": "http.response.start", "status": 303, "headers": [(b"location", location.encode())]}
+        )
         await send({"type": "http.response.body", "body": b""})
 
     return respond
@@ -226,7 +228,9 @@ def _redacted_body(body: bytes) -> Any:  # Any: the JSON body, secrets masked
     except ValueError:
         pass
     try:
-        form = {k: v[0] if len(v) == 1 else v for k, v in parse_qs(body.decode(), strict_parsing=True).items()}
+        form = {
+            k: v[0] if len(v) == 1 else v for k, v in parse_qs(body.decode(), strict_parsing=True).items()
+        }
     except (ValueError, UnicodeDecodeError):
         return f"<{len(body)} bytes, not JSON>"
     form.pop(CSRF_FORM_FIELD, None)

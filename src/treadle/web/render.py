@@ -158,7 +158,9 @@ def shown_errors(func: Callable[P, Any]) -> Callable[P, Any]:
         except TreadleError as exc:
             request = next(a for a in [*args, *kwargs.values()] if isinstance(a, Request))
             status, heading = next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), (500, "Error"))
-            return page(request, "error.html", status=status, title=heading, heading=heading, message=str(exc))
+            return page(
+                request, "error.html", status=status, title=heading, heading=heading, message=str(exc)
+            )
 
     # FastAPI reads the parameters from the signature; resolve the handler's string annotations
     # in its own module (the wrapper's globals are this module's).

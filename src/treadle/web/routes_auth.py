@@ -46,7 +46,9 @@ def login(request: Request, db: Db, form: Posted) -> Response:
     try:
         if not username or not form.raw("password"):
             raise InvalidRequest("enter your user name and password")
-        user = accounts.log_in(db, username, form.raw("password"), address=address, limits=settings.login_limits)
+        user = accounts.log_in(
+            db, username, form.raw("password"), address=address, limits=settings.login_limits
+        )
     except (NotAuthenticated, InvalidRequest, TooManyAttempts) as exc:
         message = "wrong user name or password" if isinstance(exc, NotAuthenticated) else str(exc)
         # The form again with the error (200: a browser logs an error status as a console error).

@@ -146,7 +146,7 @@ def trigger(request: Request, db: Db, dag_id: str, form: Posted) -> Response:
     authorize(who.caller, Action.TRIGGER_RUN, team=dag.team)
     structure = queries.dag_structure(db, dag_id)
     fields = views.params_fields(structure.params_schema)
-    values = {k: v for k, v in form.items()}
+    values = dict(form.items())
     conf, errors = conf_from_form(fields, form)
     general = ""
     if not errors:
@@ -174,7 +174,12 @@ def trigger(request: Request, db: Db, dag_id: str, form: Posted) -> Response:
         else:
             return see_other(f"/dags/{dag_id}?run={run.run_id}#grid")
     return _dag_page(
-        request, db, dag_id, run=None, values=values, errors=errors,
+        request,
+        db,
+        dag_id,
+        run=None,
+        values=values,
+        errors=errors,
         general_error=general or "the run was not started: correct the fields marked below",
     )
 

@@ -95,9 +95,11 @@ def resolve(request: Request, db: Db, run_id: str, task_id: str, form: Posted) -
     who = viewer(request).caller
     run = queries.run_detail(db, run_id).run
     authorize(who, Action.RESOLVE_INSPECTION, team=dag_or_404(db, run.dag_id).team)
-    resolution, reason = form.get("resolution"), form.get("reason")
-    if resolution not in ("success", "failed", "requeue"):
-        raise InvalidRequest("resolution: choose success, failed or requeue")
+    reason = form.get("reason")
+    try:
+        resolution = inspection.Resolution(form.get("resolution"))
+    except ValueError:
+        raise InvalidRequest("resolution: choose success, failed or requeue") from None
     if not reason:
         return see_other("/dead-letters?reason_error=give+a+reason+for+the+resolution#inspection")
     inspection.resolve(db, run_id, task_id, resolution=resolution, reason=reason, actor=who.principal.actor)
@@ -114,7 +116,11 @@ def operations(request: Request, db: Db) -> Response:
     teams, owners = _teams(request, db)
     sets = datasets.list_datasets(db)
     events = {d.name: datasets.dataset_events(db, d.name, limit=DATASET_EVENTS) for d in sets}
-    fills = [b for b in backfill_actions.list_backfills(db, limit=50) if _sees(teams, owners.get(b.backfill.dag_id))]
+    fills = [
+        b
+        for b in backfill_actions.list_backfills(db, limit=50)
+        if _sees(teams, owners.get(b.backfill.dag_id))
+    ]
     return page(
         request,
         "operations.html",

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from treadle.api.deps import authorize, get_db
 from treadle.api.routes.dags import dag_or_404
 from treadle.domain.access import Action
-from treadle.domain.states import TERMINAL_RUN_STATES, RunState
+from treadle.domain.states import TERMINAL_RUN_STATES, RunState, TaskState
 from treadle.engine import attempt_logs, backfill_actions, cancellation, clearing, diagnosis, queries
 from treadle.engine.queries import RunDetail
 from treadle.errors import InvalidRequest, TaskInstanceNotFound
@@ -22,11 +22,24 @@ from treadle.web.render import fragment, page, see_other, shown_errors, viewer
 
 router = APIRouter()
 Db = Annotated[Database, Depends(get_db)]
+#: Task instance states nothing more happens in (no "why is it not running" for them).
+FINISHED = frozenset(
+    s.value
+    for s in (
+        TaskState.SUCCESS,
+        TaskState.DEAD_LETTER,
+        TaskState.UPSTREAM_FAILED,
+        TaskState.SKIPPED,
+        TaskState.CANCELLED,
+    )
+)
 #: Largest piece of a log one poll returns.
 LOG_CHUNK = 256 * 1024
 
 
-def _readable_run(request: Request, db: Database, run_id: str, action: Action = Action.READ_DAG) -> tuple[RunDetail, str]:
+def _readable_run(
+    request: Request, db: Database, run_id: str, action: Action = Action.READ_DAG
+) -> tuple[RunDetail, str]:
     detail = queries.run_detail(db, run_id)
     team = dag_or_404(db, detail.run.dag_id).team
     authorize(viewer(request).caller, action, team=team)
@@ -42,7 +55,9 @@ def run_page(request: Request, db: Db, run_id: str) -> Response:
     attempts_by_task: dict[str, int] = {}
     for a in detail.attempts:
         attempts_by_task[a.task_id] = attempts_by_task.get(a.task_id, 0) + 1
-    backfill = backfill_actions.get_backfill(db, detail.run.backfill_id).status if detail.run.backfill_id else None
+    backfill = (
+        backfill_actions.get_backfill(db, detail.run.backfill_id).status if detail.run.backfill_id else None
+    )
     return page(
         request,
         "run.html",
@@ -63,7 +78,9 @@ def run_tasks(request: Request, db: Db, run_id: str) -> Response:
     """The run's task table and Gantt chart (the page refreshes them while the run is active)."""
     detail, _team = _readable_run(request, db, run_id)
     now = db.query(db_now)
-    return fragment("run_tasks.html", detail=detail, gantt=views.gantt(detail.task_instances, now=now), now=now)
+    return fragment(
+        "run_tasks.html", detail=detail, gantt=views.gantt(detail.task_instances, now=now), now=now
+    )
 
 
 @router.post("/runs/{run_id}/cancel")
@@ -71,8 +88,9 @@ def run_tasks(request: Request, db: Db, run_id: str) -> Response:
 def cancel(request: Request, db: Db, run_id: str, form: Posted) -> Response:
     """Cancel the run."""
     _readable_run(request, db, run_id, Action.CANCEL_RUN)
-    reason = form.get("reason") or None
-    cancellation.cancel_run(db, run_id, actor=viewer(request).caller.principal.actor, reason=reason)
+    cancellation.cancel_run(
+        db, run_id, actor=viewer(request).caller.principal.actor, reason=form.get("reason")
+    )
     return see_other(f"/runs/{run_id}")
 
 
@@ -89,7 +107,7 @@ def clear(request: Request, db: Db, run_id: str, form: Posted) -> Response:
         downstream=form.has("downstream"),
         only_failed=form.has("only_failed"),
         actor=viewer(request).caller.principal.actor,
-        reason=form.get("reason") or None,
+        reason=form.get("reason"),
     )
     return see_other(f"/runs/{run_id}")
 
@@ -107,10 +125,14 @@ def task_page(
     )
     if instance is None and not mapped:
         raise TaskInstanceNotFound(f"run {run_id!r} has no task {task_id!r}")
-    attempts = [a for a in detail.attempts if a.task_id == task_id and (instance is None or a.task_instance_id == instance.id)]
+    attempts = [
+        a
+        for a in detail.attempts
+        if a.task_id == task_id and (instance is None or a.task_instance_id == instance.id)
+    ]
     waiting = (
         diagnosis.why(db, run_id, task_id, worker_stale_s=request.app.state.worker_stale_s)
-        if instance is not None
+        if instance is not None and instance.state not in FINISHED
         else []
     )
     waiting = [w for w in waiting if w.map_index == map_index]

@@ -122,7 +122,9 @@ def task_href(run_id: str, task_id: str, map_index: int = -1) -> str:
 def grid(db: Database, dag_id: str, task_ids: list[str], *, runs: int = RECENT_RUNS) -> Grid:
     """The grid of the DAG's newest `runs` runs."""
 
-    def work(conn: Connection) -> tuple[list[RunInfo], dict[str, list[TaskInstanceInfo]], dict[str, list[AttemptInfo]]]:
+    def work(
+        conn: Connection,
+    ) -> tuple[list[RunInfo], dict[str, list[TaskInstanceInfo]], dict[str, list[AttemptInfo]]]:
         found = run_store.list_runs(conn, dag_id=dag_id, limit=runs)
         instances = {r.run_id: ti_store.list_for_run(conn, r.run_id) for r in found}
         attempts = {r.run_id: attempt_store.list_attempts(conn, run_id=r.run_id) for r in found}
@@ -239,7 +241,9 @@ def graph(structure: DagStructure, states: dict[str, str]) -> Graph:
             x1, y1 = spots[up]
             sx, sy, ex, ey = x1 + w, y1 + h / 2, x2, y2 + h / 2
             mid = (sx + ex) / 2
-            edges.append(Edge(path=f"M{sx:.0f},{sy:.0f} C{mid:.0f},{sy:.0f} {mid:.0f},{ey:.0f} {ex - 4:.0f},{ey:.0f}"))
+            edges.append(
+                Edge(path=f"M{sx:.0f},{sy:.0f} C{mid:.0f},{sy:.0f} {mid:.0f},{ey:.0f} {ex - 4:.0f},{ey:.0f}")
+            )
     most = max((len(ids) for ids in columns.values()), default=1)
     width = pad * 2 + (max(columns, default=0) + 1) * (w + gap_x) - gap_x
     height = pad * 2 + most * (h + gap_y) - gap_y
@@ -297,7 +301,15 @@ def gantt(instances: list[TaskInstanceInfo], *, now: datetime) -> Gantt:
             secs = (end - t.started_at).total_seconds()
             width = max(secs / span * 1000, 2.0)
         bars.append(
-            Bar(label=label, state=t.state, x=x, width=width, y=i * row, href=task_href(t.run_id, t.task_id, t.map_index), seconds=secs)
+            Bar(
+                label=label,
+                state=t.state,
+                x=x,
+                width=width,
+                y=i * row,
+                href=task_href(t.run_id, t.task_id, t.map_index),
+                seconds=secs,
+            )
         )
     from treadle.web.render import duration
 
@@ -305,14 +317,16 @@ def gantt(instances: list[TaskInstanceInfo], *, now: datetime) -> Gantt:
     return Gantt(bars=bars, height=max(len(bars), 1) * row, span_s=span, row_height=row, ticks=ticks)
 
 
-def sparkline(values: list[float | None], *, width: float = 160, height: float = 28) -> tuple[str, float | None]:
-    """SVG polyline points of a duration trend (gaps skipped) and the latest value."""
+def sparkline(
+    values: list[float | None], *, width: float = 160, height: float = 28
+) -> tuple[list[tuple[float, float]], float | None]:
+    """The (x, y) points of a duration trend (runs without a value skipped) and the latest value."""
     known = [(i, v) for i, v in enumerate(values) if v is not None]
     if not known:
-        return "", None
+        return [], None
     top = max(v for _, v in known) or 1.0
     step = width / max(len(values) - 1, 1)
-    points = " ".join(f"{i * step:.1f},{height - 2 - v / top * (height - 4):.1f}" for i, v in known)
+    points = [(round(i * step, 1), round(height - 3 - v / top * (height - 6), 1)) for i, v in known]
     return points, known[-1][1]
 
 

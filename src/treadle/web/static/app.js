@@ -6,11 +6,16 @@
 (function () {
   "use strict";
 
+  var viewerZone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+
   function localise(root) {
     root.querySelectorAll("time[data-local]").forEach(function (el) {
       if (el.dataset.localised) { return; }
       var at = new Date(el.getAttribute("datetime"));
       if (isNaN(at.getTime())) { return; }
+      el.dataset.localised = "1";
+      var shownZone = el.textContent.trim().split(" ").pop();
+      if (shownZone === viewerZone || (shownZone === "UTC" && viewerZone === "Etc/UTC")) { return; }
       var local = at.toLocaleString(undefined, {
         year: "numeric", month: "short", day: "numeric",
         hour: "2-digit", minute: "2-digit", timeZoneName: "short"
@@ -20,7 +25,6 @@
       span.className = "local";
       span.textContent = " (" + local + ")";
       el.after(span);
-      el.dataset.localised = "1";
     });
   }
 
