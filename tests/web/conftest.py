@@ -27,6 +27,8 @@ from treadle.testing import DagRunner
 PASSWORD = "correct horse battery staple"
 ADMIN_FIRST = "the first admin password 1"
 SECRET = "w" * 48
+#: What a browser sends when it opens a page.
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 BY = Caller(actor="test")
 #: persona -> (team, role).
 PERSONAS = {
@@ -59,9 +61,9 @@ class Web:
     marker: Path
 
     def client(self) -> TestClient:
-        """A new browser-like client (its own cookies), not following redirects."""
+        """A new browser-like client (its own cookies, asking for HTML), not following redirects."""
         app = create_app(self.db, ApiSettings(), secret_key=SECRET, logs_dir=self.runner.files.logs_dir)
-        return TestClient(app, follow_redirects=False)
+        return TestClient(app, follow_redirects=False, headers={"Accept": BROWSER_ACCEPT})
 
 
 @pytest.fixture

@@ -21,6 +21,9 @@ def test_pages_redirect_to_sign_in_and_the_api_still_answers_401(web: Web) -> No
     assert api.status_code == 401
     assert api.headers["content-type"] == "application/problem+json"
     assert client.post("/dags/web_pipeline/pause").status_code == 401
+    # A client that does not ask for HTML gets the API's answer on a page path too.
+    plain = client.get("/dags/web_pipeline", headers={"Accept": "*/*"})
+    assert plain.status_code == 401 and plain.headers["content-type"] == "application/problem+json"
     login = client.get("/login")
     assert login.status_code == 200 and 'name="password"' in login.text
     assert client.get("/static/app.css").status_code == 200

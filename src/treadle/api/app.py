@@ -54,10 +54,8 @@ def create_app(
     for module in (health, accounts, dags, runs, operations):
         app.router.routes.extend(module.router.routes)
     app.add_api_route(f"{API}/docs", _docs, include_in_schema=False, methods=["GET"])
-    pages = mount(app, logs_dir=logs_dir)
-    app.add_middleware(
-        Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes, pages=pages
-    )
+    mount(app, logs_dir=logs_dir)
+    app.add_middleware(Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes)
     return app
 
 

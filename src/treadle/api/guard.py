@@ -24,14 +24,20 @@ from treadle.domain.access import Principal, redact_secrets
 from treadle.engine import accounts
 from treadle.store import audit
 from treadle.store.database import Database, db_now
+from treadle.web import public as web_paths
 
 log = logging.getLogger("treadle.api")
 
 API = "/api/v1"
-#: The only paths served without credentials; matched exactly (never by prefix or suffix).
-EXEMPT = frozenset({"/healthz", "/readyz", f"{API}/auth/login", f"{API}/openapi.json", f"{API}/docs"})
-#: What an account that must change its password may still call.
-PASSWORD_CHANGE_ALLOWED = frozenset({f"{API}/auth/password", f"{API}/auth/me", f"{API}/auth/logout"})
+#: The only paths served without credentials; matched exactly (never by prefix or suffix):
+#: the API's, and the web UI's sign-in page and each of its static files.
+EXEMPT = frozenset(
+    {"/healthz", "/readyz", f"{API}/auth/login", f"{API}/openapi.json", f"{API}/docs", *web_paths.PUBLIC}
+)
+#: What an account that must change its password may still call (and, in the UI, open).
+PASSWORD_CHANGE_ALLOWED = frozenset(
+    {f"{API}/auth/password", f"{API}/auth/me", f"{API}/auth/logout", *web_paths.PASSWORD_PAGES}
+)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Strict by default: the API serves JSON, never script. /docs gets its own policy.
 CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
@@ -57,19 +63,8 @@ class Caller:
 class Guard:
     """Pure ASGI middleware (so it sees every request, whatever route or lack of one)."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        db: Database,
-        codec: SessionCodec,
-        max_body_bytes: int,
-        pages: PageGate | None = None,
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, db: Database, codec: SessionCodec, max_body_bytes: int) -> None:
         self.app, self.db, self.codec, self.max_body_bytes = app, db, codec, max_body_bytes
-        self.pages = pages
-        self.exempt = EXEMPT | (pages.public if pages else frozenset())
-        self.password_allowed = PASSWORD_CHANGE_ALLOWED | (pages.password_allowed if pages else frozenset())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -86,7 +81,7 @@ class Guard:
             await problem(413, "Request body too large", detail)(scope, receive, send)
             return
         replay = _replay(body)
-        if scope["path"] in self.exempt:
+        if scope["path"] in EXEMPT:
             await self.app(scope, replay, send)
             return
         caller, refusal = await run_in_threadpool(self._authenticate, request, body)
@@ -111,14 +106,16 @@ class Guard:
             )
 
     def _page_redirect(self, request: Request, status: int, title: str) -> str | None:
-        """Where a browser asking for a page goes instead of a refusal (None: answer the refusal)."""
+        """Where a browser opening a page goes instead of a refusal: the sign-in page, or the
+        password change (None: answer the refusal, as for every API call and non-HTML client)."""
         path = request.url.path
-        if self.pages is None or request.method != "GET" or path.startswith(f"{API}/") or path in EXEMPT:
+        wants_html = "text/html" in request.headers.get("accept", "")
+        if request.method != "GET" or not wants_html or path.startswith(f"{API}/"):
             return None
         if status == 401:
-            return f"{self.pages.login}?next={quote(path, safe='/')}"
+            return f"{web_paths.LOGIN}?next={quote(path, safe='/')}"
         if title == "Password change required":
-            return self.pages.password
+            return web_paths.PASSWORD
         return None
 
     def _authenticate(
@@ -154,7 +151,7 @@ class Guard:
             ):
                 detail = "the X-CSRF-Token header is missing or does not match the session's CSRF token"
                 return caller, (403, "CSRF check failed", detail)
-        if principal.must_change_password and request.url.path not in self.password_allowed:
+        if principal.must_change_password and request.url.path not in PASSWORD_CHANGE_ALLOWED:
             detail = f"change the password first: POST {API}/auth/password"
             return caller, (403, "Password change required", detail)
         return caller, None
@@ -185,18 +182,6 @@ class Guard:
             # The change itself is audited by the engine in its own transaction; a lost request
             # record is logged, never turned into a failed response after the fact.
             log.exception("could not record an API call", extra={"event": "api.audit_failed"})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PageGate:
-    """The browser pages behind the guard: their public paths (exact) and where refusals go."""
-
-    #: Exact paths served without credentials (the login page, each static file).
-    public: frozenset[str]
-    #: Exact paths an account that must change its password may still use.
-    password_allowed: frozenset[str]
-    login: str
-    password: str
 
 
 def _form_csrf(request: Request, body: bytes) -> str | None:

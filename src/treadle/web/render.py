@@ -23,7 +23,6 @@ from treadle.domain.access import Action, is_allowed
 from treadle.errors import TreadleError
 
 HERE = Path(__file__).parent
-STATIC_DIR = HERE / "static"
 #: Scripts and styles only from this origin's static files: no inline script, no inline style.
 PAGE_CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

@@ -7,21 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
-from treadle.api.deps import audit_caller, get_db
+from treadle.api.deps import audit_caller, get_db, require
+from treadle.api.guard import Caller
 from treadle.api.routes.accounts import _set_session
 from treadle.api.sessions import CSRF_COOKIE, SESSION_COOKIE
 from treadle.api.settings import ApiSettings
+from treadle.domain.access import Action
 from treadle.engine import accounts
 from treadle.errors import InvalidRequest, NotAuthenticated, PermissionDenied, TooManyAttempts
 from treadle.store.database import Database
 from treadle.web.forms import Posted
+from treadle.web.public import LOGIN, LOGOUT, PASSWORD
 from treadle.web.render import page, see_other, viewer
 
-router = APIRouter()
+router = APIRouter(include_in_schema=False)
 Db = Annotated[Database, Depends(get_db)]
-LOGIN = "/login"
-PASSWORD = "/password"
-LOGOUT = "/logout"
+Self = Annotated[Caller, require(Action.OWN_ACCOUNT)]
 
 
 def safe_next(target: str | None) -> str:
@@ -59,13 +60,13 @@ def login(request: Request, db: Db, form: Posted) -> Response:
 
 
 @router.get(PASSWORD, response_class=HTMLResponse)
-def password_form(request: Request) -> Response:
+def password_form(request: Request, _caller: Self) -> Response:
     """The password change page (the only page an account with a temporary password may see)."""
     return page(request, "password.html", title="Change password", errors={})
 
 
 @router.post(PASSWORD, response_class=HTMLResponse)
-def change_password(request: Request, db: Db, form: Posted) -> Response:
+def change_password(request: Request, db: Db, _caller: Self, form: Posted) -> Response:
     """Change the caller's own password; this browser gets a new session, every other one ends."""
     who = viewer(request).caller
     current, new, again = form.raw("current_password"), form.raw("new_password"), form.raw("confirm_password")
@@ -93,7 +94,7 @@ def change_password(request: Request, db: Db, form: Posted) -> Response:
 
 
 @router.post(LOGOUT)
-def logout(request: Request, db: Db) -> Response:
+def logout(request: Request, db: Db, _caller: Self) -> Response:
     """End every session of the caller and clear the cookies."""
     who = viewer(request).caller
     if who.via_cookie:

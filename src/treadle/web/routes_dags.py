@@ -8,7 +8,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
-from treadle.api.deps import authorize, get_db
+from treadle.api.deps import authorize, get_db, require
+from treadle.api.guard import Caller
 from treadle.api.routes.dags import NEXT_FIRES, dag_or_404
 from treadle.domain.access import Action
 from treadle.engine import dag_detail, pausing, queries, schedules
@@ -19,13 +20,13 @@ from treadle.web import views
 from treadle.web.forms import Form, Posted
 from treadle.web.render import fragment, page, see_other, shown_errors, viewer
 
-router = APIRouter()
+router = APIRouter(include_in_schema=False)
 Db = Annotated[Database, Depends(get_db)]
 
 
 @router.get("/", response_class=HTMLResponse)
 @shown_errors
-def dag_list(request: Request, db: Db) -> Response:
+def dag_list(request: Request, db: Db, _caller: Annotated[Caller, require(Action.READ_DAGS)]) -> Response:
     """Every DAG the viewer may read, with schedule, next run, pause switch and recent runs."""
     who = viewer(request)
     rows = views.dag_rows(db, who.caller.principal)
@@ -35,7 +36,9 @@ def dag_list(request: Request, db: Db) -> Response:
 
 @router.get("/fragments/dags", response_class=HTMLResponse)
 @shown_errors
-def dag_list_rows(request: Request, db: Db) -> Response:
+def dag_list_rows(
+    request: Request, db: Db, _caller: Annotated[Caller, require(Action.READ_DAGS)]
+) -> Response:
     """The DAG list's rows (the page refreshes them while open)."""
     who = viewer(request)
     return fragment("dag_rows.html", rows=views.dag_rows(db, who.caller.principal), viewer=who)
@@ -83,7 +86,11 @@ def _dag_page(
 @router.get("/dags/{dag_id}", response_class=HTMLResponse)
 @shown_errors
 def dag_page(
-    request: Request, db: Db, dag_id: str, run: Annotated[str | None, Query(max_length=250)] = None
+    request: Request,
+    db: Db,
+    _caller: Annotated[Caller, require(Action.READ_DAG)],
+    dag_id: str,
+    run: Annotated[str | None, Query(max_length=250)] = None,
 ) -> Response:
     """One DAG: grid, graph (coloured by the selected run), trends, contract, next fires, trigger."""
     return _dag_page(request, db, dag_id, run=run)
@@ -91,7 +98,9 @@ def dag_page(
 
 @router.get("/fragments/dags/{dag_id}/grid", response_class=HTMLResponse)
 @shown_errors
-def dag_grid(request: Request, db: Db, dag_id: str) -> Response:
+def dag_grid(
+    request: Request, db: Db, _caller: Annotated[Caller, require(Action.READ_DAG)], dag_id: str
+) -> Response:
     """The DAG's grid alone (the page refreshes it while open)."""
     who = viewer(request)
     dag = dag_or_404(db, dag_id)
@@ -139,7 +148,13 @@ def _field_of(path: str, names: list[str]) -> str | None:
 
 @router.post("/dags/{dag_id}/trigger", response_class=HTMLResponse)
 @shown_errors
-def trigger(request: Request, db: Db, dag_id: str, form: Posted) -> Response:
+def trigger(
+    request: Request,
+    db: Db,
+    _caller: Annotated[Caller, require(Action.TRIGGER_RUN)],
+    dag_id: str,
+    form: Posted,
+) -> Response:
     """Start a manual run; errors in the params are shown next to their fields."""
     who = viewer(request)
     dag = dag_or_404(db, dag_id)
@@ -195,13 +210,17 @@ def _pause(request: Request, db: Database, dag_id: str, form: Form, *, paused: b
 
 @router.post("/dags/{dag_id}/pause")
 @shown_errors
-def pause(request: Request, db: Db, dag_id: str, form: Posted) -> Response:
+def pause(
+    request: Request, db: Db, _caller: Annotated[Caller, require(Action.PAUSE_DAG)], dag_id: str, form: Posted
+) -> Response:
     """Pause a DAG (no new scheduled runs)."""
     return _pause(request, db, dag_id, form, paused=True)
 
 
 @router.post("/dags/{dag_id}/unpause")
 @shown_errors
-def unpause(request: Request, db: Db, dag_id: str, form: Posted) -> Response:
+def unpause(
+    request: Request, db: Db, _caller: Annotated[Caller, require(Action.PAUSE_DAG)], dag_id: str, form: Posted
+) -> Response:
     """Unpause a DAG."""
     return _pause(request, db, dag_id, form, paused=False)

@@ -9,7 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
-from treadle.api.deps import authorize, get_db
+from treadle.api.deps import authorize, get_db, require
+from treadle.api.guard import Caller
 from treadle.api.routes.dags import dag_or_404
 from treadle.domain.access import Action, Role
 from treadle.engine import accounts, backfill_actions, datasets, inspection, pools, queries
@@ -20,7 +21,7 @@ from treadle.web import views
 from treadle.web.forms import Posted
 from treadle.web.render import page, see_other, shown_errors, viewer
 
-router = APIRouter()
+router = APIRouter(include_in_schema=False)
 Db = Annotated[Database, Depends(get_db)]
 #: Newest events listed per dataset.
 DATASET_EVENTS = 5
@@ -37,7 +38,7 @@ def _sees(teams: frozenset[str] | None, team: str | None) -> bool:
 
 @router.get("/dead-letters", response_class=HTMLResponse)
 @shown_errors
-def dead_letters(request: Request, db: Db) -> Response:
+def dead_letters(request: Request, db: Db, _caller: Annotated[Caller, require(Action.READ_DAGS)]) -> Response:
     """Dead letters grouped by error fingerprint, and the task instances needing inspection."""
     teams, owners = _teams(request, db)
     found = [d for d in letters.list_dead_letters(db) if _sees(teams, owners.get(d.task_instance.dag_id))]
@@ -62,7 +63,13 @@ def dead_letters(request: Request, db: Db) -> Response:
 
 @router.post("/dead-letters/{task_instance_id}/requeue")
 @shown_errors
-def requeue_one(request: Request, db: Db, task_instance_id: int, form: Posted) -> Response:
+def requeue_one(
+    request: Request,
+    db: Db,
+    _caller: Annotated[Caller, require(Action.REQUEUE_DEAD_LETTER)],
+    task_instance_id: int,
+    form: Posted,
+) -> Response:
     """Queue one dead letter again with a fresh retry budget."""
     who = viewer(request).caller
     found = next((d for d in letters.list_dead_letters(db) if d.task_instance.id == task_instance_id), None)
@@ -75,7 +82,13 @@ def requeue_one(request: Request, db: Db, task_instance_id: int, form: Posted) -
 
 @router.post("/dead-letters/groups/{fingerprint}/requeue")
 @shown_errors
-def requeue_group(request: Request, db: Db, fingerprint: str, form: Posted) -> Response:
+def requeue_group(
+    request: Request,
+    db: Db,
+    _caller: Annotated[Caller, require(Action.REQUEUE_DEAD_LETTER)],
+    fingerprint: str,
+    form: Posted,
+) -> Response:
     """Requeue every dead letter with this fingerprint (all must be of teams the viewer operates)."""
     who = viewer(request).caller
     owners = queries.dag_teams(db)
@@ -90,7 +103,14 @@ def requeue_group(request: Request, db: Db, fingerprint: str, form: Posted) -> R
 
 @router.post("/runs/{run_id}/tasks/{task_id}/resolve")
 @shown_errors
-def resolve(request: Request, db: Db, run_id: str, task_id: str, form: Posted) -> Response:
+def resolve(
+    request: Request,
+    db: Db,
+    _caller: Annotated[Caller, require(Action.RESOLVE_INSPECTION)],
+    run_id: str,
+    task_id: str,
+    form: Posted,
+) -> Response:
     """Resolve a needs_inspection task instance; a reason is required."""
     who = viewer(request).caller
     run = queries.run_detail(db, run_id).run
@@ -108,7 +128,9 @@ def resolve(request: Request, db: Db, run_id: str, task_id: str, form: Posted) -
 
 @router.get("/operations", response_class=HTMLResponse)
 @shown_errors
-def operations(request: Request, db: Db) -> Response:
+def operations(
+    request: Request, db: Db, _caller: Annotated[Caller, require(Action.READ_OPERATIONS)]
+) -> Response:
     """Datasets, pools and queues, workers, scheduler leadership and backfills."""
     who = viewer(request)
     if not who.can("read_operations"):
@@ -142,6 +164,7 @@ def operations(request: Request, db: Db) -> Response:
 def audit(
     request: Request,
     db: Db,
+    _caller: Annotated[Caller, require(Action.READ_AUDIT)],
     actor: Annotated[str | None, Query(max_length=250)] = None,
     action: Annotated[str | None, Query(max_length=100)] = None,
     since: Annotated[str | None, Query(max_length=40)] = None,

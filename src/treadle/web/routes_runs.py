@@ -8,7 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from treadle.api.deps import authorize, get_db
+from treadle.api.deps import authorize, get_db, require
+from treadle.api.guard import Caller
 from treadle.api.routes.dags import dag_or_404
 from treadle.domain.access import Action
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, TaskState
@@ -20,7 +21,7 @@ from treadle.web import views
 from treadle.web.forms import Posted
 from treadle.web.render import fragment, page, see_other, shown_errors, viewer
 
-router = APIRouter()
+router = APIRouter(include_in_schema=False)
 Db = Annotated[Database, Depends(get_db)]
 #: Task instance states nothing more happens in (no "why is it not running" for them).
 FINISHED = frozenset(
@@ -48,7 +49,9 @@ def _readable_run(
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 @shown_errors
-def run_page(request: Request, db: Db, run_id: str) -> Response:
+def run_page(
+    request: Request, db: Db, _caller: Annotated[Caller, require(Action.READ_DAG)], run_id: str
+) -> Response:
     """A run: its task instances with attempts and durations, a Gantt chart, manifest, provenance."""
     detail, team = _readable_run(request, db, run_id)
     now = db.query(db_now)
@@ -74,7 +77,9 @@ def run_page(request: Request, db: Db, run_id: str) -> Response:
 
 @router.get("/fragments/runs/{run_id}", response_class=HTMLResponse)
 @shown_errors
-def run_tasks(request: Request, db: Db, run_id: str) -> Response:
+def run_tasks(
+    request: Request, db: Db, _caller: Annotated[Caller, require(Action.READ_DAG)], run_id: str
+) -> Response:
     """The run's task table and Gantt chart (the page refreshes them while the run is active)."""
     detail, _team = _readable_run(request, db, run_id)
     now = db.query(db_now)
@@ -85,7 +90,13 @@ def run_tasks(request: Request, db: Db, run_id: str) -> Response:
 
 @router.post("/runs/{run_id}/cancel")
 @shown_errors
-def cancel(request: Request, db: Db, run_id: str, form: Posted) -> Response:
+def cancel(
+    request: Request,
+    db: Db,
+    _caller: Annotated[Caller, require(Action.CANCEL_RUN)],
+    run_id: str,
+    form: Posted,
+) -> Response:
     """Cancel the run."""
     _readable_run(request, db, run_id, Action.CANCEL_RUN)
     cancellation.cancel_run(
@@ -96,7 +107,13 @@ def cancel(request: Request, db: Db, run_id: str, form: Posted) -> Response:
 
 @router.post("/runs/{run_id}/clear")
 @shown_errors
-def clear(request: Request, db: Db, run_id: str, form: Posted) -> Response:
+def clear(
+    request: Request,
+    db: Db,
+    _caller: Annotated[Caller, require(Action.CLEAR_TASKS)],
+    run_id: str,
+    form: Posted,
+) -> Response:
     """Clear the chosen tasks (all failed ones by default), with their downstream if asked."""
     _readable_run(request, db, run_id, Action.CLEAR_TASKS)
     chosen = [t for t in form.all("task_id") if t]
@@ -115,7 +132,12 @@ def clear(request: Request, db: Db, run_id: str, form: Posted) -> Response:
 @router.get("/runs/{run_id}/tasks/{task_id}", response_class=HTMLResponse)
 @shown_errors
 def task_page(
-    request: Request, db: Db, run_id: str, task_id: str, map_index: Annotated[int, Query(ge=-1)] = -1
+    request: Request,
+    db: Db,
+    _caller: Annotated[Caller, require(Action.READ_DAG)],
+    run_id: str,
+    task_id: str,
+    map_index: Annotated[int, Query(ge=-1)] = -1,
 ) -> Response:
     """A task instance: every attempt, the log, the result, and why it is not running."""
     detail, team = _readable_run(request, db, run_id)
@@ -168,6 +190,7 @@ def task_page(
 def task_log(
     request: Request,
     db: Db,
+    _caller: Annotated[Caller, require(Action.READ_DAG)],
     run_id: str,
     task_id: str,
     attempt: Annotated[int | None, Query(ge=1)] = None,
