@@ -17,6 +17,7 @@ from treadle.api.routes import accounts, dags, health, operations, runs
 from treadle.api.sessions import SessionCodec
 from treadle.api.settings import ApiSettings
 from treadle.store.database import Database
+from treadle.web.app import mount
 
 
 def create_app(
@@ -34,8 +35,6 @@ def create_app(
     counts as live; `queue_timeout_s` is the deployment's default for triggered runs;
     `logs_dir` is where the web UI reads attempt logs (None: it shows none).
     """
-    from treadle.web.app import mount
-
     app = FastAPI(
         title="treadle",
         version="1",
