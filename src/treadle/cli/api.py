@@ -91,7 +91,8 @@ def announce_bootstrap(db: Database, api_settings: ApiSettings) -> None:
     else:
         click.echo(f"created user admin with the one-time password: {password}", err=True)
     click.echo(
-        "change it before anything else: POST /api/v1/auth/password or `treadle users set-password admin`",
+        "change it before anything else: sign in to the web UI (it asks for a new one), "
+        "POST /api/v1/auth/password or `treadle users set-password admin`",
         err=True,
     )
 
