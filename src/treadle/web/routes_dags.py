@@ -54,7 +54,10 @@ def _dag_page(
     order = views.topological(structure)
     grid = views.grid(db, dag_id, order)
     selected = run or (grid.runs[-1].run_id if grid.runs else None)
-    states = views.run_states(db, selected) if selected else {}
+    if selected in {r.run_id for r in grid.runs}:
+        states = {task_id: cell.state for (run_id, task_id), cell in grid.cells.items() if run_id == selected}
+    else:
+        states = views.run_states(db, selected) if selected else {}
     spec = structure.schedule
     fires = (
         [s.fire_at for s in schedules.upcoming(spec, after=detail.now, count=NEXT_FIRES)]

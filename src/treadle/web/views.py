@@ -6,17 +6,18 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
+from markupsafe import Markup, escape
 from sqlalchemy.engine import Connection
 
 from treadle.domain.access import Principal, Role
 from treadle.domain.dag_version import DagStructure
-from treadle.domain.records import AttemptInfo, DagInfo, RunInfo, TaskInstanceInfo
+from treadle.domain.records import DagInfo, RunInfo, TaskInstanceInfo
 from treadle.domain.timetable import ScheduleSpec
 from treadle.engine import queries, schedules
 from treadle.engine.scheduling import LEADER_LEASE
-from treadle.store import attempts as attempt_store
+from treadle.store import grid as grid_store
 from treadle.store import leases
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
@@ -24,6 +25,8 @@ from treadle.store.database import Database, db_now
 
 #: Runs shown as squares in the DAG list and as columns of the grid.
 RECENT_RUNS = 25
+#: Most tasks drawn in one column of the graph.
+GRAPH_COLUMN_TASKS = 20
 #: States that count as "not done yet" when a run's or cell's colour is chosen (worst first).
 _PRIORITY = (
     "dead_letter",
@@ -91,9 +94,9 @@ def worst(states: list[str]) -> str:
     return next((s for s in _PRIORITY if s in present), "pending")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Cell:
-    """One task of one run in the grid (a mapped task's instances folded into one cell)."""
+class Cell(NamedTuple):
+    """One task of one run in the grid (a mapped task's instances folded into one cell); a
+    named tuple, as a grid may hold 12,500 of them."""
 
     state: str
     #: Mapped tasks: how many instances are in each state; empty for a plain task.
@@ -112,6 +115,25 @@ class Grid:
     #: Durations (seconds) of each task's successful attempt per run, oldest run first.
     durations: dict[str, list[float | None]]
 
+    def rows(self) -> list[tuple[str, Markup]]:
+        """Each task with its row of cells as HTML (built here: a 25 x 500 grid is 12,500 cells,
+        too many for a template loop to render quickly)."""
+        found = []
+        empty = '<td><span class="cell none" aria-hidden="true"></span></td>'
+        run_ids = [r.run_id for r in self.runs]
+        for task_id in self.task_ids:
+            parts = []
+            for run_id in run_ids:
+                c = self.cells.get((run_id, task_id))
+                if c is None:
+                    parts.append(empty)
+                    continue
+                mapped, count = (" mapped", str(sum(c.counts.values()))) if c.counts else ("", "")
+                cls = f"cell s-{c.state}{mapped}"
+                parts.append(f'<td><a class="{cls}" href="{c.href}" title="{c.label}">{count}</a></td>')
+            found.append((task_id, Markup("".join(parts))))
+        return found
+
 
 def task_href(run_id: str, task_id: str, map_index: int = -1) -> str:
     """The task instance page of a run's task."""
@@ -124,46 +146,41 @@ def grid(db: Database, dag_id: str, task_ids: list[str], *, runs: int = RECENT_R
 
     def work(
         conn: Connection,
-    ) -> tuple[list[RunInfo], dict[str, list[TaskInstanceInfo]], dict[str, list[AttemptInfo]]]:
+    ) -> tuple[list[RunInfo], list[tuple[str, str, int, str]], dict[tuple[str, str], float]]:
         found = run_store.list_runs(conn, dag_id=dag_id, limit=runs)
-        instances = {r.run_id: ti_store.list_for_run(conn, r.run_id) for r in found}
-        attempts = {r.run_id: attempt_store.list_attempts(conn, run_id=r.run_id) for r in found}
-        return list(reversed(found)), instances, attempts
+        ids = [r.run_id for r in found]
+        return (
+            list(reversed(found)),
+            grid_store.task_states(conn, ids),
+            grid_store.success_durations(conn, ids),
+        )
 
-    found, instances, attempts = db.query(work)
+    found, states, seconds = db.query(work)
     order = list(task_ids)
+    known = set(order)
+    grouped: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+    for run_id, task_id, map_index, state in states:
+        grouped[(run_id, task_id)].append((map_index, state))
+        if task_id not in known:
+            known.add(task_id)
+            order.append(task_id)
+    # Cells carry their href and label escaped for HTML already (Grid.rows joins them as is).
     cells: dict[tuple[str, str], Cell] = {}
-    best_by_run: list[dict[str, float]] = []
-    for run in found:
-        by_task: dict[str, list[TaskInstanceInfo]] = defaultdict(list)
-        for t in instances[run.run_id]:
-            by_task[t.task_id].append(t)
-            if t.task_id not in order:
-                order.append(t.task_id)
-        for task_id, group in by_task.items():
-            mapped = [t for t in group if t.map_index >= 0]
-            if mapped:
-                counts = dict(Counter(t.state for t in mapped))
-                state = worst([t.state for t in mapped])
-                summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-                label = f"{task_id} in {run.run_id}: mapped, {len(mapped)} instances ({summary})"
-                cells[(run.run_id, task_id)] = Cell(
-                    state=state, counts=counts, href=task_href(run.run_id, task_id), label=label
-                )
-            else:
-                t = group[0]
-                cells[(run.run_id, task_id)] = Cell(
-                    state=t.state,
-                    counts={},
-                    href=task_href(run.run_id, task_id),
-                    label=f"{task_id} in {run.run_id}: {t.state}",
-                )
-        best: dict[str, float] = {}
-        for a in attempts[run.run_id]:
-            if a.outcome == "success" and a.duration_s is not None:
-                best[a.task_id] = max(best.get(a.task_id, 0.0), a.duration_s)
-        best_by_run.append(best)
-    durations = {task_id: [b.get(task_id) for b in best_by_run] for task_id in order}
+    safe_runs = {r.run_id: str(escape(r.run_id)) for r in found}
+    safe_tasks = {t: str(escape(t)) for t in order}
+    for (run_id, task_id), group in grouped.items():
+        run_html, task_html = safe_runs.get(run_id) or str(escape(run_id)), safe_tasks[task_id]
+        href = f"/runs/{run_html}/tasks/{task_html}"
+        if len(group) > 1 or group[0][0] >= 0:
+            mapped = [state for index, state in group if index >= 0]
+            counts = dict(Counter(mapped))
+            summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+            label = f"{task_html} · {run_html}: {len(mapped)} mapped ({summary})"
+            cells[(run_id, task_id)] = Cell(worst(mapped), counts, href, label)
+        else:
+            state = group[0][1]
+            cells[(run_id, task_id)] = Cell(state, {}, href, f"{task_html} · {run_html}: {state}")
+    durations = {t: [seconds.get((r.run_id, t)) for r in found] for t in order}
     return Grid(runs=found, task_ids=order, cells=cells, durations=durations)
 
 
@@ -224,9 +241,16 @@ def graph(structure: DagStructure, states: dict[str, str]) -> Graph:
     """The DAG as a layered drawing, nodes coloured by `states` (task id -> state)."""
     w, h, gap_x, gap_y, pad = 170.0, 34.0, 60.0, 18.0, 10.0
     layer = layers(structure)
-    columns: dict[int, list[str]] = defaultdict(list)
+    by_layer: dict[int, list[str]] = defaultdict(list)
     for task_id in structure.tasks:
-        columns[layer[task_id]].append(task_id)
+        by_layer[layer[task_id]].append(task_id)
+    # A wide layer (hundreds of parallel tasks) wraps into several columns of at most
+    # GRAPH_COLUMN_TASKS, so the drawing stays readable instead of thousands of pixels tall.
+    columns: dict[int, list[str]] = {}
+    for depth in sorted(by_layer):
+        ids = by_layer[depth]
+        for start in range(0, len(ids), GRAPH_COLUMN_TASKS):
+            columns[len(columns)] = ids[start : start + GRAPH_COLUMN_TASKS]
     spots: dict[str, tuple[float, float]] = {}
     for col, ids in columns.items():
         for row, task_id in enumerate(ids):
