@@ -1,12 +1,14 @@
-"""The DAG the web UI tests drive: params to trigger with, a mapped task, and a task that fails
-until a marker file exists (to dead-letter it, then requeue it and see it succeed)."""
+"""The DAGs the web UI tests drive: params to trigger with, a mapped task, and a task that fails
+until a marker file exists (to dead-letter it, then requeue it and see it succeed) or, when the
+marker says `unknown`, ends with an unknown commit (to resolve it); and a scheduled DAG of
+another team with a contract and an outlet."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from treadle import Param, TaskContext, dag, task
+from treadle import Param, TaskContext, UnknownCommit, dag, task
 
 #: The file whose presence lets `flaky` succeed (set by the test before it requeues).
 MARKER_ENV = "TREADLE_WEB_TEST_MARKER"
@@ -29,6 +31,8 @@ def flaky(values: list[int]) -> int:
     print(f"checking the upstream feed, {len(values)} values")
     if not marker or not Path(marker).exists():
         raise ConnectionError("the upstream feed refused the connection")
+    if Path(marker).read_text() == "unknown":
+        raise UnknownCommit("the feed closed the connection after the write was sent")
     return sum(values)
 
 

@@ -374,6 +374,11 @@ def test_every_page_at_desktop_and_phone_width(tab: Tab, treadle: Treadle) -> No
         page = tab.go(path, status=404 if name == "not-found" else 200)
         expect(page.locator("main")).to_be_visible()
         tab.shoot(name)
+    (scheduled,) = queries.list_runs(treadle.db, dag_id="ops_cleanup")[-1:]
+    treadle.wait_run(scheduled.run_id)
+    page = tab.go(f"/runs/{scheduled.run_id}")
+    expect(page.locator("#prov-h + dl")).to_contain_text("warehouse.cleanup_report")
+    tab.shoot("run-scheduled")
     page = tab.go("/operations")
     expect(page.get_by_text("Scheduler leadership")).to_be_visible()
     expect(page.locator("#scheduler dd").first).not_to_have_text("none (handing over)")

@@ -172,6 +172,28 @@ def test_a_dead_letter_shows_traceback_and_log_and_its_group_requeues(web: Web) 
     assert "No dead letters." in client.get("/dead-letters").text
 
 
+def test_needs_inspection_is_resolved_with_a_required_reason(web: Web) -> None:
+    web.marker.write_text("unknown")
+    run_id = web.runner.trigger({"limit": 1})
+    assert web.runner.run_until_done(run_id).task_states["flaky"] == "needs_inspection"
+    client = web.client()
+    csrf = sign_in(client, "fin_operator")
+    page = client.get("/dead-letters").text
+    assert f'action="/runs/{run_id}/tasks/flaky/resolve"' in page
+    assert "the feed closed the connection after the write was sent" in page
+    resolve = f"/runs/{run_id}/tasks/flaky/resolve"
+    no_reason = client.post(resolve, data={"csrf_token": csrf, "resolution": "success", "reason": " "})
+    assert no_reason.status_code == 303 and "reason_error" in no_reason.headers["location"]
+    assert "give a reason for the resolution" in client.get(no_reason.headers["location"]).text
+    states = {t.task_id: t.state for t in queries.run_detail(web.db, run_id).task_instances}
+    assert states["flaky"] == "needs_inspection"
+    done = client.post(resolve, data={"csrf_token": csrf, "resolution": "success", "reason": "rows are in"})
+    assert done.status_code == 303
+    assert web.runner.run_until_done(run_id).state == "success"
+    entries = accounts.list_audit(web.db, actor="user:fin_operator", limit=20)
+    assert any(e.action != "api.request" and "rows are in" in str(e.details) for e in entries)
+
+
 def test_every_page_keeps_a_strict_csp_without_inline_script_or_style(web: Web) -> None:
     run_id = web.runner.trigger({"limit": 2})
     web.runner.run_until_done(run_id)

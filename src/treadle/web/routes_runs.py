@@ -13,7 +13,15 @@ from treadle.api.guard import Caller
 from treadle.api.routes.dags import dag_or_404
 from treadle.domain.access import Action
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, TaskState
-from treadle.engine import attempt_logs, backfill_actions, cancellation, clearing, diagnosis, queries
+from treadle.engine import (
+    attempt_logs,
+    backfill_actions,
+    cancellation,
+    clearing,
+    datasets,
+    diagnosis,
+    queries,
+)
 from treadle.engine.queries import RunDetail
 from treadle.errors import InvalidRequest, TaskInstanceNotFound
 from treadle.store.database import Database, db_now
@@ -70,6 +78,7 @@ def run_page(
         gantt=views.gantt(detail.task_instances, now=now),
         now=now,
         backfill=backfill,
+        produced=datasets.run_dataset_events(db, run_id),
         finished=RunState(detail.run.state) in TERMINAL_RUN_STATES,
         task_ids=sorted({t.task_id for t in detail.task_instances}),
     )
