@@ -114,7 +114,12 @@ def test_roles_and_teams_shape_every_page(web: Web) -> None:
     assert "web_pipeline" in home and "ops_cleanup" not in home
     assert "failed to load" not in home  # load errors are for viewers of every team
     assert viewer.get("/dags/ops_cleanup").status_code == 403
-    assert viewer.get("/audit").status_code == 403
+    audit = viewer.get("/audit")
+    assert audit.status_code == 403 and "read_audit needs the role admin" in audit.text
+    assert audit.headers["content-type"].startswith("text/html")
+    assert (
+        viewer.get("/audit", headers={"Accept": "*/*"}).headers["content-type"] == "application/problem+json"
+    )
     refused = viewer.post("/dead-letters/groups/abc/requeue", data={"csrf_token": csrf})
     assert refused.status_code in (400, 403)
     operator = web.client()
