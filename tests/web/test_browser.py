@@ -171,7 +171,19 @@ class Tab:
         for width in (1280, 390):
             self.page.set_viewport_size({"width": width, "height": 900})
             self.page.screenshot(path=str(SHOTS / f"{name}-{width}.png"), full_page=True)
+            # Wide content (tables, the grid, the graph) scrolls inside its card; the page never
+            # scrolls sideways.
+            scroll_width = self.page.evaluate("document.documentElement.scrollWidth")
+            wide = self.page.evaluate(_WIDEST) if scroll_width > width else []
+            assert scroll_width <= width, f"{name} is {scroll_width} px wide at {width} px: {wide}"
         self.page.set_viewport_size({"width": 1280, "height": 900})
+
+
+#: The outermost elements reaching past the viewport's right edge (to name them in a failure).
+_WIDEST = """() => [...document.querySelectorAll('body *')]
+  .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1
+    && e.parentElement.getBoundingClientRect().right <= window.innerWidth + 1)
+  .slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))"""
 
 
 @pytest.fixture
