@@ -164,7 +164,8 @@ def grid(db: Database, dag_id: str, task_ids: list[str], *, runs: int = RECENT_R
         if task_id not in known:
             known.add(task_id)
             order.append(task_id)
-    # Cells carry their href and label escaped for HTML already (Grid.rows joins them as is).
+    # Cells carry their href and label escaped for HTML already (Grid.rows joins them as is); the
+    # label leaves the run out: the cell's column header names it.
     cells: dict[tuple[str, str], Cell] = {}
     safe_runs = {r.run_id: str(escape(r.run_id)) for r in found}
     safe_tasks = {t: str(escape(t)) for t in order}
@@ -175,11 +176,11 @@ def grid(db: Database, dag_id: str, task_ids: list[str], *, runs: int = RECENT_R
             mapped = [state for index, state in group if index >= 0]
             counts = dict(Counter(mapped))
             summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-            label = f"{task_html} · {run_html}: {len(mapped)} mapped ({summary})"
+            label = f"{task_html}: {len(mapped)} mapped ({summary})"
             cells[(run_id, task_id)] = Cell(worst(mapped), counts, href, label)
         else:
             state = group[0][1]
-            cells[(run_id, task_id)] = Cell(state, {}, href, f"{task_html} · {run_html}: {state}")
+            cells[(run_id, task_id)] = Cell(state, {}, href, f"{task_html}: {state}")
     durations = {t: [seconds.get((r.run_id, t)) for r in found] for t in order}
     return Grid(runs=found, task_ids=order, cells=cells, durations=durations)
 
