@@ -113,7 +113,7 @@ def test_dialect_branches_live_in_store_dialects() -> None:
 
 
 def test_api_never_imports_user_code_the_worker_or_the_scheduler() -> None:
-    for path in (SRC / "api").rglob("*.py"):
+    for path in [*(SRC / "api").rglob("*.py"), *(SRC / "web").rglob("*.py")]:
         for name in _imports(path):
             assert not any(
                 word in name for word in ("loader", "authoring", "treadle.worker", "treadle.scheduler")
@@ -128,7 +128,7 @@ def test_the_api_process_loads_no_dag_loader_or_worker_module() -> None:
     import sys
 
     probe = (
-        "import sys, treadle.api.app, treadle.cli.api; "
+        "import sys, treadle.api.app, treadle.cli.api, treadle.web.app; "
         "bad = [m for m in sys.modules if m.startswith(('treadle.authoring.loader', 'treadle.worker', "
         "'treadle.scheduler'))]; print(bad)"
     )

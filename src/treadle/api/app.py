@@ -19,6 +19,7 @@ from treadle.api.settings import ApiSettings
 from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.observability.metrics import DatabaseGauges, Metrics
 from treadle.store.database import Database
+from treadle.web.app import mount
 
 
 def create_app(
@@ -38,7 +39,7 @@ def create_app(
     `secret_key` signs session cookies; `worker_stale_s` (the lease) is how long a silent worker
     counts as live; `queue_timeout_s` is the deployment's default for triggered runs;
     `admission` limits the queued task instances a trigger or a backfill may add to;
-    `logs_dir` is where attempt logs of this host are (None: no logs served).
+    `logs_dir` is where attempt logs of this host are (None: no logs served, and the web UI shows none).
     `process_metrics`: the metrics /metrics serves (standalone shares its scheduler's and worker's);
     None: the API's own. Either way the database gauges are added.
     """
@@ -67,6 +68,7 @@ def create_app(
     metrics_routes = metrics.public_router() if settings.metrics_public else metrics.guarded_router()
     app.router.routes.extend(metrics_routes.routes)
     app.add_api_route(f"{API}/docs", _docs, include_in_schema=False, methods=["GET"])
+    mount(app, logs_dir=logs_dir)
     exempt = EXEMPT | {metrics.PATH} if settings.metrics_public else EXEMPT
     app.add_middleware(
         Guard, db=db, codec=app.state.codec, max_body_bytes=settings.max_body_bytes, exempt=exempt

@@ -12,25 +12,32 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from treadle.api.problems import problem
-from treadle.api.sessions import CSRF_HEADER, SESSION_COOKIE, SessionCodec, csrf_matches
+from treadle.api.sessions import CSRF_FORM_FIELD, CSRF_HEADER, SESSION_COOKIE, SessionCodec, csrf_matches
 from treadle.domain.access import Principal, redact_secrets
 from treadle.engine import accounts
 from treadle.store import audit
 from treadle.store.database import Database, db_now
+from treadle.web import public as web_paths
 
 log = logging.getLogger("treadle.api")
 
 API = "/api/v1"
-#: The only paths served without credentials; matched exactly (never by prefix or suffix).
-EXEMPT = frozenset({"/healthz", "/readyz", f"{API}/auth/login", f"{API}/openapi.json", f"{API}/docs"})
-#: What an account that must change its password may still call.
-PASSWORD_CHANGE_ALLOWED = frozenset({f"{API}/auth/password", f"{API}/auth/me", f"{API}/auth/logout"})
+#: The only paths served without credentials; matched exactly (never by prefix or suffix):
+#: the API's, and the web UI's sign-in page and each of its static files.
+EXEMPT = frozenset(
+    {"/healthz", "/readyz", f"{API}/auth/login", f"{API}/openapi.json", f"{API}/docs", *web_paths.PUBLIC}
+)
+#: What an account that must change its password may still call (and, in the UI, open).
+PASSWORD_CHANGE_ALLOWED = frozenset(
+    {f"{API}/auth/password", f"{API}/auth/me", f"{API}/auth/logout", *web_paths.PASSWORD_PAGES}
+)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Strict by default: the API serves JSON, never script. /docs gets its own policy.
 CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
@@ -87,9 +94,13 @@ class Guard:
         if scope["path"] in self.exempt:
             await self.app(scope, replay, send)
             return
-        caller, refusal = await run_in_threadpool(self._authenticate, request)
+        caller, refusal = await run_in_threadpool(self._authenticate, request, body)
         if refusal is not None:
             status, title, detail = refusal
+            redirect = self._page_redirect(request, status, title)
+            if redirect is not None:
+                await _see_other(redirect)(scope, replay, send)
+                return
             extra = {"password_change": f"{API}/auth/password"} if title == "Password change required" else {}
             await problem(status, title, detail, **extra)(scope, replay, send)
             if status == 403 and caller is not None and request.method not in SAFE_METHODS:
@@ -104,7 +115,22 @@ class Guard:
                 self._audit, request, caller, body, status_seen[0] if status_seen else 500
             )
 
-    def _authenticate(self, request: Request) -> tuple[Caller | None, tuple[int, str, str] | None]:
+    def _page_redirect(self, request: Request, status: int, title: str) -> str | None:
+        """Where a browser opening a page goes instead of a refusal: the sign-in page, or the
+        password change (None: answer the refusal, as for every API call and non-HTML client)."""
+        path = request.url.path
+        wants_html = "text/html" in request.headers.get("accept", "")
+        if request.method != "GET" or not wants_html or path.startswith(f"{API}/"):
+            return None
+        if status == 401:
+            return f"{web_paths.LOGIN}?next={quote(path, safe='/')}"
+        if title == "Password change required":
+            return web_paths.PASSWORD
+        return None
+
+    def _authenticate(
+        self, request: Request, body: bytes = b""
+    ) -> tuple[Caller | None, tuple[int, str, str] | None]:
         address = request.client.host if request.client else None
         header = request.headers.get("authorization")
         if header is not None:
@@ -131,7 +157,7 @@ class Guard:
                 return None, (401, "Not authenticated", "the session has ended; sign in again")
             caller = Caller(principal=principal, via_cookie=True, address=address)
             if request.method not in SAFE_METHODS and not csrf_matches(
-                session, request.headers.get(CSRF_HEADER)
+                session, request.headers.get(CSRF_HEADER) or _form_csrf(request, body)
             ):
                 detail = "the X-CSRF-Token header is missing or does not match the session's CSRF token"
                 return caller, (403, "CSRF check failed", detail)
@@ -168,6 +194,25 @@ class Guard:
             log.exception("could not record an API call", extra={"event": "api.audit_failed"})
 
 
+def _form_csrf(request: Request, body: bytes) -> str | None:
+    """The CSRF token a posted HTML form carries in its `csrf_token` field (None if none)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded" or not body:
+        return None
+    values = parse_qs(body.decode("utf-8", errors="replace")).get(CSRF_FORM_FIELD)
+    return values[0] if values else None
+
+
+def _see_other(location: str) -> ASGIApp:
+    async def respond(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": 303, "headers": [(b"location", location.encode())]}
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+    return respond
+
+
 def _redacted_body(body: bytes) -> Any:  # Any: the JSON body, secrets masked
     if not body:
         return None
@@ -176,7 +221,15 @@ def _redacted_body(body: bytes) -> Any:  # Any: the JSON body, secrets masked
     try:
         return redact_secrets(json.loads(body))
     except ValueError:
+        pass
+    try:
+        form = {
+            k: v[0] if len(v) == 1 else v for k, v in parse_qs(body.decode(), strict_parsing=True).items()
+        }
+    except (ValueError, UnicodeDecodeError):
         return f"<{len(body)} bytes, not JSON>"
+    form.pop(CSRF_FORM_FIELD, None)
+    return redact_secrets(form)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

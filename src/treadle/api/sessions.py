@@ -17,8 +17,10 @@ SESSION_COOKIE = "treadle_session"
 #: Readable by the page's script, which echoes it in the CSRF header (double submit).
 CSRF_COOKIE = "treadle_csrf"
 CSRF_HEADER = "x-csrf-token"
-#: Cookies are scoped to the API's path, so other apps on the host never receive them.
-COOKIE_PATH = "/api/v1"
+#: The field a posted HTML form of the web UI carries the CSRF token in (instead of the header).
+CSRF_FORM_FIELD = "csrf_token"
+#: The API and the web UI are one app on one origin: the cookies serve both.
+COOKIE_PATH = "/"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

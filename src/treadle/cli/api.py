@@ -38,7 +38,7 @@ def api_cmd(ctx: Context, host: str, port: int, log_level: str) -> None:
     configure_logging(log_level, log_format=ctx.settings.log_format)
     app = build_app(ctx, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, server_header=False)
-    click.echo(f"treadle api: serving http://{host}:{port}/api/v1 (docs at /api/v1/docs)", err=True)
+    click.echo(f"treadle api: serving http://{host}:{port}/ (API at /api/v1, docs at /api/v1/docs)", err=True)
     uvicorn.Server(config).run()
 
 
@@ -95,7 +95,8 @@ def announce_bootstrap(db: Database, api_settings: ApiSettings) -> None:
     else:
         click.echo(f"created user admin with the one-time password: {password}", err=True)
     click.echo(
-        "change it before anything else: POST /api/v1/auth/password or `treadle users set-password admin`",
+        "change it before anything else: sign in to the web UI (it asks for a new one), "
+        "POST /api/v1/auth/password or `treadle users set-password admin`",
         err=True,
     )
 

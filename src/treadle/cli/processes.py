@@ -196,7 +196,7 @@ def _start_api(ctx: Context, *, host: str, port: int, metrics: Metrics | None) -
         click.echo(f"treadle standalone: REST API not started: {exc}", err=True)
         return None
     api.start()
-    click.echo(f"treadle standalone: REST API on http://{host}:{port}/api/v1", err=True)
+    click.echo(f"treadle standalone: web UI on http://{host}:{port}/ (REST API under /api/v1)", err=True)
     return api
 
 

@@ -1,0 +1,1 @@
+"""The web UI: server-rendered pages (Jinja2) in the API's process, behind the same guard."""

@@ -1,0 +1,237 @@
+"""The web UI's pages and forms in-process: the guard in front of them (sign-in redirect, exact
+public paths, CSRF form field, forced password change), roles and teams, the trigger form's
+inline errors, the log viewer's reads, and the CSP every page keeps."""
+
+from __future__ import annotations
+
+import re
+
+from tests.web.conftest import ADMIN_FIRST, PASSWORD, Web, csrf_of, sign_in
+from treadle.engine import accounts, dead_letters, queries
+
+PAGE_CSP = "script-src 'self'; style-src 'self'"
+
+
+def test_pages_redirect_to_sign_in_and_the_api_still_answers_401(web: Web) -> None:
+    client = web.client()
+    page = client.get("/dags/web_pipeline")
+    assert page.status_code == 303
+    assert page.headers["location"] == "/login?next=/dags/web_pipeline"
+    api = client.get("/api/v1/dags")
+    assert api.status_code == 401
+    assert api.headers["content-type"] == "application/problem+json"
+    assert client.post("/dags/web_pipeline/pause").status_code == 401
+    # A client that does not ask for HTML gets the API's answer on a page path too.
+    plain = client.get("/dags/web_pipeline", headers={"Accept": "*/*"})
+    assert plain.status_code == 401 and plain.headers["content-type"] == "application/problem+json"
+    login = client.get("/login")
+    assert login.status_code == 200 and 'name="password"' in login.text
+    assert client.get("/static/app.css").status_code == 200
+    assert client.get("/static/app.js").headers["content-type"].startswith("text/javascript")
+    # Exact paths only: nothing else under /static is public.
+    assert client.get("/static/").status_code == 303
+    assert client.get("/static/app.css.map").status_code == 303
+    assert client.get("/static/../api/v1/dags").status_code in (303, 401)
+
+
+def test_sign_in_never_redirects_off_site(web: Web) -> None:
+    client = web.client()
+    for target in ("//evil.example/x", "https://evil.example/", "/\\evil.example"):
+        done = client.post("/login", data={"username": "chief", "password": PASSWORD, "next": target})
+        assert done.headers["location"] == "/", target
+    wrong = client.post("/login", data={"username": "chief", "password": "nope", "next": "/"})
+    assert wrong.status_code == 200 and "wrong user name or password" in wrong.text
+
+
+def test_the_bootstrap_admin_must_change_its_password_first(web: Web) -> None:
+    client = web.client()
+    done = client.post("/login", data={"username": "admin", "password": ADMIN_FIRST, "next": "/audit"})
+    assert done.headers["location"] == "/password"
+    assert client.get("/").headers["location"] == "/password"
+    assert client.get("/api/v1/dags").status_code == 403
+    form = client.get("/password")
+    csrf = csrf_of(form.text)
+    wrong = client.post(
+        "/password",
+        data={
+            "csrf_token": csrf,
+            "current_password": "nope",
+            "new_password": "x" * 20,
+            "confirm_password": "x" * 20,
+        },
+    )
+    assert 'id="current_password-error"' in wrong.text and "the current password is wrong" in wrong.text
+    new = "a much better admin passphrase 2"
+    changed = client.post(
+        "/password",
+        data={
+            "csrf_token": csrf,
+            "current_password": ADMIN_FIRST,
+            "new_password": new,
+            "confirm_password": new,
+        },
+    )
+    assert changed.status_code == 303 and changed.headers["location"] == "/"
+    assert client.get("/").status_code == 200
+    assert not accounts.has_unchanged_bootstrap_password(web.db)
+
+
+def test_form_posts_need_the_sessions_csrf_token(web: Web) -> None:
+    client = web.client()
+    csrf = sign_in(client, "fin_operator")
+    assert client.post("/dags/web_pipeline/pause", data={"next": "/"}).status_code == 403
+    assert client.post("/dags/web_pipeline/pause", data={"csrf_token": "forged"}).status_code == 403
+    assert not queries.get_dag(web.db, "web_pipeline").is_paused  # type: ignore[union-attr]
+    done = client.post("/dags/web_pipeline/pause", data={"csrf_token": csrf, "next": "/"})
+    assert done.status_code == 303 and done.headers["location"] == "/"
+    assert queries.get_dag(web.db, "web_pipeline").is_paused  # type: ignore[union-attr]
+    # The API's header still works with the same session.
+    header = client.post("/api/v1/dags/web_pipeline/unpause", headers={"X-CSRF-Token": csrf})
+    assert header.status_code == 200
+    # The audit record of the form post names the action and leaves the token out.
+    entries = accounts.list_audit(web.db, actor="user:fin_operator", action="api.request", limit=10)
+    form_entry = next(
+        e for e in entries if e.target == "/dags/web_pipeline/pause" and e.details["status"] == 303
+    )
+    assert form_entry.details["body"] == {"next": "/"}
+
+
+def test_roles_and_teams_shape_every_page(web: Web) -> None:
+    run_id = web.runner.trigger({"limit": 2})
+    web.runner.run_until_done(run_id)
+    viewer = web.client()
+    csrf = sign_in(viewer, "fin_viewer")
+    for path in (
+        "/",
+        "/dags/web_pipeline",
+        f"/runs/{run_id}",
+        f"/runs/{run_id}/tasks/flaky",
+        "/dead-letters",
+    ):
+        html = viewer.get(path).text
+        assert re.findall(r'<form[^>]*method="post"[^>]*action="([^"]+)"', html) == ["/logout"], path
+    home = viewer.get("/").text
+    assert "web_pipeline" in home and "ops_cleanup" not in home
+    assert "failed to load" not in home  # load errors are for viewers of every team
+    assert viewer.get("/dags/ops_cleanup").status_code == 403
+    audit = viewer.get("/audit")
+    assert audit.status_code == 403 and "read_audit needs the role admin" in audit.text
+    assert audit.headers["content-type"].startswith("text/html")
+    assert (
+        viewer.get("/audit", headers={"Accept": "*/*"}).headers["content-type"] == "application/problem+json"
+    )
+    refused = viewer.post("/dead-letters/groups/abc/requeue", data={"csrf_token": csrf})
+    assert refused.status_code in (400, 403)
+    operator = web.client()
+    sign_in(operator, "fin_operator")
+    dag_page = operator.get("/dags/web_pipeline").text
+    assert 'action="/dags/web_pipeline/trigger"' in dag_page and 'role="switch"' in dag_page
+    assert 'action="/dead-letters/groups/' in operator.get("/dead-letters").text
+    ops = web.client()
+    sign_in(ops, "ops_viewer")
+    assert "ops_cleanup" in ops.get("/").text and "web_pipeline" not in ops.get("/").text
+    assert "flaky" not in ops.get("/dead-letters").text
+    chief = web.client()
+    sign_in(chief, "chief")
+    assert "1 DAG file failed to load" in chief.get("/").text
+
+
+def test_the_trigger_form_shows_the_servers_errors_inline(web: Web) -> None:
+    client = web.client()
+    csrf = sign_in(client, "fin_operator")
+    low = client.post("/dags/web_pipeline/trigger", data={"csrf_token": csrf, "limit": "0"})
+    assert low.status_code == 200
+    error = re.search(r'<p class="field-error" id="param-limit-error">([^<]+)</p>', low.text)
+    assert error and "minimum" in error.group(1)
+    assert 'aria-invalid="true" aria-describedby="param-limit-error"' in low.text
+    assert 'value="0"' in low.text
+    word = client.post("/dags/web_pipeline/trigger", data={"csrf_token": csrf, "limit": "ten"})
+    assert "not an integer: &#39;ten&#39;" in word.text
+    assert queries.list_runs(web.db, dag_id="web_pipeline") == []
+    good = client.post("/dags/web_pipeline/trigger", data={"csrf_token": csrf, "limit": "4"})
+    assert good.status_code == 303
+    (run,) = queries.list_runs(web.db, dag_id="web_pipeline")
+    assert good.headers["location"] == f"/dags/web_pipeline?run={run.run_id}#grid"
+    assert run.conf == {"limit": 4} and run.triggered_by == "user:fin_operator"
+
+
+def test_a_dead_letter_shows_traceback_and_log_and_its_group_requeues(web: Web) -> None:
+    run_id = web.runner.trigger({"limit": 1})
+    assert web.runner.run_until_done(run_id).state == "failed"
+    client = web.client()
+    csrf = sign_in(client, "fin_operator")
+    task = client.get(f"/runs/{run_id}/tasks/flaky").text
+    assert "ConnectionError: the upstream feed refused the connection" in task
+    log = client.get(f"/runs/{run_id}/tasks/flaky/log", params={"map_index": -1}).json()
+    # In-process tasks print to this process (the browser test reads a real worker's log).
+    assert log["missing"] == "" and log["attempt"] == 1 and not log["running"]
+    again = client.get(
+        f"/runs/{run_id}/tasks/flaky/log", params={"map_index": -1, "offset": log["offset"]}
+    ).json()
+    assert again["text"] == "" and again["offset"] == log["offset"] and not again["running"]
+    (group,) = dead_letters.group_dead_letters(dead_letters.list_dead_letters(web.db))
+    web.marker.touch()
+    done = client.post(f"/dead-letters/groups/{group.fingerprint}/requeue", data={"csrf_token": csrf})
+    assert done.status_code == 303
+    assert web.runner.run_until_done(run_id).state == "success"
+    assert "No dead letters." in client.get("/dead-letters").text
+
+
+def test_needs_inspection_is_resolved_with_a_required_reason(web: Web) -> None:
+    web.marker.write_text("unknown")
+    run_id = web.runner.trigger({"limit": 1})
+    assert web.runner.run_until_done(run_id).task_states["flaky"] == "needs_inspection"
+    client = web.client()
+    csrf = sign_in(client, "fin_operator")
+    page = client.get("/dead-letters").text
+    assert f'action="/runs/{run_id}/tasks/flaky/resolve"' in page
+    assert "the feed closed the connection after the write was sent" in page
+    resolve = f"/runs/{run_id}/tasks/flaky/resolve"
+    no_reason = client.post(resolve, data={"csrf_token": csrf, "resolution": "success", "reason": " "})
+    assert no_reason.status_code == 303 and "reason_error" in no_reason.headers["location"]
+    assert "give a reason for the resolution" in client.get(no_reason.headers["location"]).text
+    states = {t.task_id: t.state for t in queries.run_detail(web.db, run_id).task_instances}
+    assert states["flaky"] == "needs_inspection"
+    done = client.post(resolve, data={"csrf_token": csrf, "resolution": "success", "reason": "rows are in"})
+    assert done.status_code == 303
+    assert web.runner.run_until_done(run_id).state == "success"
+    entries = accounts.list_audit(web.db, actor="user:fin_operator", limit=20)
+    assert any(e.action != "api.request" and "rows are in" in str(e.details) for e in entries)
+
+
+def test_every_page_keeps_a_strict_csp_without_inline_script_or_style(web: Web) -> None:
+    run_id = web.runner.trigger({"limit": 2})
+    web.runner.run_until_done(run_id)
+    client = web.client()
+    sign_in(client, "chief")
+    paths = [
+        "/",
+        "/fragments/dags",
+        "/dags/web_pipeline",
+        f"/dags/web_pipeline?run={run_id}",
+        "/fragments/dags/web_pipeline/grid",
+        "/dags/ops_cleanup",
+        f"/runs/{run_id}",
+        f"/fragments/runs/{run_id}",
+        f"/runs/{run_id}/tasks/square",
+        f"/runs/{run_id}/tasks/square?map_index=0",
+        f"/runs/{run_id}/tasks/flaky",
+        "/dead-letters",
+        "/operations",
+        "/audit",
+        "/audit?actor=user:chief&since=2020-01-01T00:00",
+        "/login",
+    ]
+    for path in paths:
+        page = client.get(path)
+        assert page.status_code == 200, (path, page.text[:500])
+        assert PAGE_CSP in page.headers["content-security-policy"], path
+        html = page.text
+        assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), path
+        assert not re.search(r"\sstyle=", html), path
+        assert not re.search(r"<style", html), path
+        assert not re.search(r"\son[a-z]+=", html), path
+    missing = client.get("/dags/nope")
+    assert missing.status_code == 404 and "no DAG" in missing.text
+    bad_since = client.get("/audit?since=yesterday")
+    assert "since: not a date and time" in bad_since.text
