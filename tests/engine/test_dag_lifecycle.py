@@ -14,6 +14,7 @@ from treadle.engine import queries
 from treadle.engine.dags import SyncReport, sync_dags
 from treadle.engine.leadership import Leadership
 from treadle.engine.runs import trigger_run
+from treadle.engine.schedules import schedule_view
 from treadle.engine.scheduling import fire_due_schedules
 from treadle.errors import DagInactive
 from treadle.store import dags as dag_store
@@ -108,7 +109,9 @@ def test_the_scheduler_does_not_fire_an_inactive_dag(db: Database) -> None:
         return [r.dag_id for r in report.created]
 
     assert fire() == []
+    assert schedule_view(db, "hourly").is_active is False
     _sync(db, [hourly], [ALPHA], folder=FOLDER)
+    assert schedule_view(db, "hourly").is_active is True
     assert fire() == ["hourly"]
 
 

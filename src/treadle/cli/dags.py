@@ -110,7 +110,10 @@ def sync_cmd(ctx: Context, as_json: bool) -> None:
         f"{report.errors} file(s) with load errors"
     )
     for dag_id, fileloc in report.deactivated:
-        click.echo(f"DAG {dag_id} is now inactive: {fileloc} is gone or no longer defines it")
+        click.echo(
+            f"DAG {dag_id} is now inactive: {fileloc} is gone or no longer defines it; it cannot be "
+            "triggered and its schedule does not fire until a sync finds it again"
+        )
     if report.errors:
         click.echo("see `treadle dags errors`")
 
@@ -230,6 +233,7 @@ def next_cmd(ctx: Context, dag_id: str, count: int, after: str | None, as_json: 
                 "dag_id": dag_id,
                 "schedule": spec.to_json(),
                 "paused": view.is_paused,
+                "active": view.is_active,
                 "after": start.isoformat(),
                 "fires": [
                     {
@@ -251,7 +255,8 @@ def next_cmd(ctx: Context, dag_id: str, count: int, after: str | None, as_json: 
 
     table(
         f"next fire times of {dag_id} ({what}, {spec.timezone}, catchup {'on' if spec.catchup else 'off'}"
-        f"{', PAUSED' if view.is_paused else ''})",
+        f"{', PAUSED' if view.is_paused else ''}"
+        f"{'' if view.is_active else ', INACTIVE: its file is gone or no longer defines it, nothing fires'})",
         ["fire (UTC)", "fire (local)", "logical date (local)", "data interval (local)"],
         [
             (

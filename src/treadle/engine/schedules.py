@@ -95,6 +95,8 @@ class ScheduleView:
     last_fire_at: datetime | None
     next_fire_at: datetime | None
     is_paused: bool
+    #: False while the DAG is inactive (its file gone or no longer defining it): nothing fires.
+    is_active: bool = True
     now: datetime
 
 
@@ -113,6 +115,7 @@ def schedule_view(db: Database, dag_id: str) -> ScheduleView:
             last_fire_at=row.last_fire_at if row else None,
             next_fire_at=row.next_fire_at if row else None,
             is_paused=dag.is_paused,
+            is_active=dag.is_active,
             now=db_now(conn),
         )
 
