@@ -85,7 +85,7 @@ class Scheduler:
         admission: AdmissionLimits = NO_LIMITS,
     ) -> None:
         self.db = db
-        #: Limits on queued task instances a dataset run must fit in (else it waits).
+        #: Limits on queued task instances a dataset or backfill run must fit in (else it waits).
         self.admission = admission
         #: Deletes the files of runs that retention pruned (given by the process that knows where).
         self.on_pruned = on_pruned
@@ -207,6 +207,7 @@ class Scheduler:
             epoch=epoch,
             default_queue_timeout_s=self.default_queue_timeout_s,
             default_task_timeout_s=self.default_task_timeout_s,
+            admission=self.admission,
         )
         return {"backfill_intervals": handled}
 
