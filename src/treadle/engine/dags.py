@@ -41,20 +41,20 @@ def sync_dags(
     owner and the team. Datasets nobody owns yet become the emitting DAG's team's
     (domain/dataset_access.py).
     """
-    found_errors = dict(errors)
 
-    def work(conn: Connection) -> dict[str, int]:
+    def work(conn: Connection) -> tuple[dict[str, int], int]:
         now = db_now(conn)
-        accepted = _check_outlets(conn, structures, found_errors, now=now)
+        found = dict(errors)  # built afresh on every attempt: a retried transaction adds nothing twice
+        accepted = _check_outlets(conn, structures, found, now=now)
         versions = {s.dag_id: dag_store.upsert_dag_version(conn, s, now=now) for s in accepted}
         for structure in accepted:
             register_schedule(conn, structure, now=now)
-        scanned = sorted({*scanned_files, *(where for where in found_errors if where not in errors)})
-        dag_store.replace_load_errors(conn, scanned=scanned, errors=found_errors, now=now, folder=folder)
-        return versions
+        scanned = sorted({*scanned_files, *(where for where in found if where not in errors)})
+        dag_store.replace_load_errors(conn, scanned=scanned, errors=found, now=now, folder=folder)
+        return versions, len(found)
 
-    versions = db.transact(work, retry_conflicts=True)
-    return SyncReport(dags=len(versions), errors=len(found_errors), versions=versions)
+    versions, error_count = db.transact(work, retry_conflicts=True)
+    return SyncReport(dags=len(versions), errors=error_count, versions=versions)
 
 
 def _check_outlets(
