@@ -119,3 +119,20 @@ def test_backfills_are_planned_created_paused_and_cancelled_over_http(api: Api) 
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "body.mode"
     unknown = client.post("/api/v1/backfills/999/pause", headers=op)
     assert unknown.status_code == 400 and "no backfill 999" in unknown.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("post", "/api/v1/dags/ops_daily/backfills/dry-run", {"admin"}),
+        ("post", "/api/v1/dags/fin_report/backfills/dry-run", {"admin", "fin_operator"}),
+    ],
+)
+def test_backfill_requests_follow_the_role_in_the_dags_team(
+    api: Api, method: str, path: str, allowed: set[str]
+) -> None:
+    body = _backfill(24 * 3, 24)
+    for who in ("admin", "fin_operator", "fin_viewer", "ops_operator", "nobody"):
+        response = api.client.request(method.upper(), path, json=body, headers=api.as_(who))
+        got = "denied" if response.status_code == 403 else "allowed"
+        assert got == ("allowed" if who in allowed else "denied"), (who, response.text)

@@ -183,3 +183,37 @@ def test_a_dataset_run_past_a_limit_waits_with_its_events_and_is_audited_once(db
     limits = AdmissionLimits(per_queue=2)
     assert dataset_pass() == 1  # the held-back events are consumed by the admitted run
     assert len(_runs(db, "on_dataset")) == 1
+
+
+def test_the_backfill_drain_starts_only_the_runs_the_limits_admit(db: Database) -> None:
+    from treadle.engine.backfill_drain import drain_backfills
+
+    made = bf.create_backfill(
+        db,
+        "wide",
+        from_date=START + timedelta(hours=1),
+        to_date=START + timedelta(hours=6),
+        reason="reload",
+        requested_by="cli:bob",
+        max_active=4,
+        max_span_days=366,
+    )
+    lead = Leadership(db, holder="t", lease_s=30)
+    assert lead.refresh() and lead.epoch is not None
+    before = admission_refusal_counts().get(("backfill_drain", PER_DAG_SETTING), 0)
+
+    def drain(limits: AdmissionLimits) -> int:
+        assert lead.epoch is not None
+        return drain_backfills(
+            db, holder=lead.holder, epoch=lead.epoch, default_queue_timeout_s=60, admission=limits
+        )
+
+    # Each run queues 2 instances of `wide`: a DAG limit of 5 admits two runs, not four.
+    assert drain(AdmissionLimits(per_dag=5)) == 2
+    assert len(_runs(db, "wide")) == 2
+    assert admission_refusal_counts()[("backfill_drain", PER_DAG_SETTING)] == before + 1
+    assert drain(AdmissionLimits(per_dag=5)) == 0  # still full: held back again, nothing skipped
+    progress = bf.get_backfill(db, made.id).status
+    assert (progress.backfill.handled, progress.backfill.state) == (2, "running")
+    assert drain(AdmissionLimits()) == 2  # without limits the backfill goes on to max_active
+    assert len(_runs(db, "wide")) == 4

@@ -59,6 +59,8 @@ def find_overload_now(
     """The limit `adding` (queue -> task instances) would exceed now, in the caller's transaction.
 
     `uncommitted`: task-instance rows the caller will insert before this work, counted as queued.
+    The stored queued instances are counted up to the limit, so an overload's `queued` is at
+    most the limit (plus the uncommitted ones).
     """
     if limits.is_off or not any(adding.values()):
         return None
@@ -68,10 +70,12 @@ def find_overload_now(
         if row["state"] == TaskState.QUEUED.value:
             by_queue[row["queue"]] += 1
             in_dag += row["dag_id"] == dag_id
+    # Counted up to the limit: past it the answer is the same, and the count stays cheap.
     if limits.per_queue > 0:
-        by_queue.update(admission_store.queued_by_queue(conn, adding))
+        for queue in sorted(q for q, n in adding.items() if n > 0):
+            by_queue[queue] += admission_store.queued_in_queue(conn, queue, cap=limits.per_queue)
     if limits.per_dag > 0:
-        in_dag += admission_store.queued_in_dags(conn, [dag_id]).get(dag_id, 0)
+        in_dag += admission_store.queued_in_dag(conn, dag_id, cap=limits.per_dag)
     return find_overload(limits, dag_id=dag_id, adding=adding, queued_by_queue=by_queue, queued_in_dag=in_dag)
 
 

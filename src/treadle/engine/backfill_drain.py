@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.admission import NO_LIMITS, AdmissionLimits, queued_roots
 from treadle.domain.backfill_plan import (
     CREATE,
     RERUN_ALL,
@@ -32,6 +33,7 @@ from treadle.domain.params import resolve_params
 from treadle.domain.records import DagInfo, RunInfo
 from treadle.domain.states import RunType
 from treadle.domain.timetable import Timetable
+from treadle.engine.admission import count_refusal, find_overload_now
 from treadle.engine.clearing import clear_in_transaction
 from treadle.engine.dags import version_of
 from treadle.engine.runs import new_run
@@ -78,9 +80,13 @@ def drain_backfills(
     epoch: int,
     default_queue_timeout_s: float,
     default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
+    admission: AdmissionLimits = NO_LIMITS,
 ) -> int:
     """Hand every running backfill its next intervals, in one transaction fenced by the leader lease.
 
+    A run that would bring a queue or the DAG past an `admission` limit is not started: the
+    backfill stops there for this pass (the interval stays its next) and the hold-back is
+    counted (`backfill_drain`); live work is never crowded out by a backfill's queue.
     Raises NotLeader when `holder` no longer leads at `epoch` (nothing is written). Returns how
     many intervals were handled (runs created, runs reopened, intervals skipped).
     """
@@ -105,6 +111,7 @@ def drain_backfills(
                 now=now,
                 qt=default_queue_timeout_s,
                 tt=default_task_timeout_s,
+                admission=admission,
             )
         if acc.runs:
             run_store.insert_runs(conn, acc.runs)
@@ -127,6 +134,7 @@ def _drain_one(
     now: datetime,
     qt: float,
     tt: float | None,
+    admission: AdmissionLimits,
 ) -> None:
     """Handle the next intervals of one backfill; its cursor and count move by compare-and-set.
 
@@ -135,7 +143,7 @@ def _drain_one(
     started = 0
     cursor = b.cursor
     if cursor is not None:
-        step = _step(db, conn, b, active, acc, epoch=epoch, now=now, qt=qt, tt=tt)
+        step = _step(db, conn, b, active, acc, epoch=epoch, now=now, qt=qt, tt=tt, admission=admission)
         if step is None:
             return
         taken, started, cursor = step
@@ -169,6 +177,7 @@ def _step(
     now: datetime,
     qt: float,
     tt: float | None,
+    admission: AdmissionLimits,
 ) -> tuple[int, int, datetime | None] | None:
     """(intervals handled, runs started, new cursor) of one backfill; None while its DAG is paused."""
     dag = dag_store.get_dag(conn, b.dag_id)
@@ -185,7 +194,7 @@ def _step(
     taken = started = 0
     for logical, fire in candidates:
         action = interval_action(b.rerun, existing.get(logical))
-        if action in STARTS_RUN and started >= room:
+        if action in STARTS_RUN and (started >= room or _held_back(conn, admission, b, ready, acc)):
             break
         if action == CREATE:
             _create(ready, b, logical, fire, acc, epoch=epoch, now=now, qt=qt, tt=tt)
@@ -196,6 +205,26 @@ def _step(
         taken += 1
     cursor = candidates[taken][1] if taken < len(candidates) else after
     return taken, started, cursor
+
+
+def _held_back(conn: Connection, limits: AdmissionLimits, b: BackfillInfo, ready: _Ready, acc: _Pass) -> bool:
+    """True when one more run of this backfill would exceed an admission limit (counted)."""
+    found = find_overload_now(
+        conn, limits, dag_id=b.dag_id, adding=queued_roots(ready.version.structure), uncommitted=acc.instances
+    )
+    if found is None:
+        return False
+    count_refusal("backfill_drain", found.setting)
+    log.info(
+        "backfill held back by admission control",
+        extra={
+            "event": "backfill.held_back",
+            "backfill_id": b.id,
+            "setting": found.setting,
+            "limit_of": found.name,
+        },
+    )
+    return True
 
 
 def _candidates(

@@ -49,29 +49,27 @@ def sync_dags(
     error naming the dataset, its owner and the team. Datasets nobody owns yet become the
     emitting DAG's team's (domain/dataset_access.py).
     """
-    found_errors = dict(errors)
 
-    def work(conn: Connection) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    def work(conn: Connection) -> tuple[dict[str, int], list[tuple[str, str]], int]:
         now = db_now(conn)
-        accepted = _check_outlets(conn, structures, found_errors, now=now)
+        found = dict(errors)  # built afresh on every attempt: a retried transaction adds nothing twice
+        accepted = _check_outlets(conn, structures, found, now=now)
         versions = dag_store.register_versions(conn, accepted, now=now)
         register_schedules(conn, accepted, now=now)
-        scanned = sorted({*scanned_files, *(where for where in found_errors if where not in errors)})
-        dag_store.replace_load_errors(conn, scanned=scanned, errors=found_errors, now=now, folder=folder)
+        scanned = sorted({*scanned_files, *(where for where in found if where not in errors)})
+        dag_store.replace_load_errors(conn, scanned=scanned, errors=found, now=now, folder=folder)
         gone = dag_store.deactivate_missing(
-            conn, present=versions, scanned=scanned_files, failed=found_errors, folder=folder, now=now
+            conn, present=versions, scanned=scanned_files, failed=found, folder=folder, now=now
         )
-        return versions, gone
+        return versions, gone, len(found)
 
-    versions, gone = db.transact(work, retry_conflicts=True)
+    versions, gone, error_count = db.transact(work, retry_conflicts=True)
     for dag_id, fileloc in gone:
         log.info(
             "DAG marked inactive: its file is gone or no longer defines it",
             extra={"event": "dag.deactivated", "dag_id": dag_id, "file": fileloc},
         )
-    return SyncReport(
-        dags=len(versions), errors=len(found_errors), versions=versions, deactivated=tuple(gone)
-    )
+    return SyncReport(dags=len(versions), errors=error_count, versions=versions, deactivated=tuple(gone))
 
 
 def _check_outlets(

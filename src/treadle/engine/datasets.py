@@ -248,11 +248,12 @@ def _admitted(
         return True
     exc = overloaded(found, what=f"a dataset run of DAG {dag_id!r}")
     count_refusal("dataset_run", exc.setting)
+    # Audited and logged once a minute per DAG, not every pass it is held back.
     if not is_dataset_refusal_audited(conn, dag_id, now=now):
         audit_refusal(
             conn, exc, kind="dataset_run", dag_id=dag_id, actor=SCHEDULER_IDENTITY, address=None, at=now
         )
-    log.warning(str(exc), extra={"event": "scheduler.dataset_run_refused", "dag_id": dag_id})
+        log.warning(str(exc), extra={"event": "scheduler.dataset_run_refused", "dag_id": dag_id})
     return False
 
 

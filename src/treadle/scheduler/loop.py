@@ -87,7 +87,7 @@ class Scheduler:
         hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.db = db
-        #: Limits on queued task instances a dataset run must fit in (else it waits).
+        #: Limits on queued task instances a dataset or backfill run must fit in (else it waits).
         self.admission = admission
         #: Told of fire delays and reaped leases (metrics); no-ops unless a process sets them.
         self.hooks = hooks
@@ -221,6 +221,7 @@ class Scheduler:
             epoch=epoch,
             default_queue_timeout_s=self.default_queue_timeout_s,
             default_task_timeout_s=self.default_task_timeout_s,
+            admission=self.admission,
         )
         return {"backfill_intervals": handled}
 

@@ -1,8 +1,11 @@
-"""Counts admission control reads: queued task instances per queue and per DAG."""
+"""Counts admission control reads: queued task instances in a queue and of a DAG, up to a cap.
+
+Each count stops at `cap` rows (a LIMIT under the count), so its cost is bounded by the limit
+being checked, not by how deep the queue is: a full queue of a million instances costs the same
+as one at the limit.
+"""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -11,27 +14,17 @@ from treadle.domain.states import TaskState
 from treadle.store.tables import task_instances as ti
 
 
-def queued_by_queue(conn: Connection, queues: Iterable[str]) -> dict[str, int]:
-    """Queued task instances in each of `queues` (absent: none); reads the claim-order index."""
-    names = sorted(set(queues))
-    if not names:
-        return {}
-    stmt = (
-        sa.select(ti.c.queue, sa.func.count())
-        .where(ti.c.state == TaskState.QUEUED.value, ti.c.queue.in_(names))
-        .group_by(ti.c.queue)
-    )
-    return {str(queue): int(n) for queue, n in conn.execute(stmt)}
+def _capped_count(conn: Connection, condition: sa.ColumnElement[bool], cap: int) -> int:
+    rows = sa.select(sa.literal(1)).select_from(ti).where(ti.c.state == TaskState.QUEUED.value, condition)
+    limited = rows.limit(cap).subquery()
+    return int(conn.execute(sa.select(sa.func.count()).select_from(limited)).scalar_one())
 
 
-def queued_in_dags(conn: Connection, dag_ids: Iterable[str]) -> dict[str, int]:
-    """Queued task instances of each of `dag_ids` (absent: none); reads the (dag_id, state) index."""
-    ids = sorted(set(dag_ids))
-    if not ids:
-        return {}
-    stmt = (
-        sa.select(ti.c.dag_id, sa.func.count())
-        .where(ti.c.state == TaskState.QUEUED.value, ti.c.dag_id.in_(ids))
-        .group_by(ti.c.dag_id)
-    )
-    return {str(dag_id): int(n) for dag_id, n in conn.execute(stmt)}
+def queued_in_queue(conn: Connection, queue: str, *, cap: int) -> int:
+    """Queued task instances in `queue`, counted up to `cap` (on the claim-order index)."""
+    return _capped_count(conn, ti.c.queue == queue, cap)
+
+
+def queued_in_dag(conn: Connection, dag_id: str, *, cap: int) -> int:
+    """Queued task instances of `dag_id`, counted up to `cap` (on the (dag_id, state) index)."""
+    return _capped_count(conn, ti.c.dag_id == dag_id, cap)
