@@ -235,3 +235,21 @@ def test_every_page_keeps_a_strict_csp_without_inline_script_or_style(web: Web) 
     assert missing.status_code == 404 and "no DAG" in missing.text
     bad_since = client.get("/audit?since=yesterday")
     assert "since: not a date and time" in bad_since.text
+
+
+def test_an_inactive_dag_says_so_and_its_trigger_is_refused(web: Web) -> None:
+    from treadle.engine.dags import sync_dags
+
+    fileloc = web.runner.dag.fileloc
+    # A sync that imported the DAG's file cleanly and found no DAG in it: the file no longer defines it.
+    report = sync_dags(web.db, structures=[], scanned_files=[fileloc], errors={})
+    assert "web_pipeline" in {dag_id for dag_id, _ in report.deactivated}
+    client = web.client()
+    csrf = sign_in(client, "chief")
+    listed = client.get("/")
+    assert "inactive: file gone" in listed.text
+    page = client.get("/dags/web_pipeline")
+    assert page.status_code == 200 and "no longer defining this DAG" in page.text
+    refused = client.post("/dags/web_pipeline/trigger", data={"csrf_token": csrf, "limit": "3"})
+    assert refused.status_code == 200 and "inactive" in refused.text
+    assert queries.list_runs(web.db, dag_id="web_pipeline") == []
