@@ -41,3 +41,16 @@ def test_an_unknown_command_is_named_in_the_error() -> None:
     result = CliRunner().invoke(cli, ["nosuch"])
     assert result.exit_code == 2
     assert "No such command 'nosuch'" in result.output
+
+
+def test_every_subcommand_is_registered_by_its_groups_own_module() -> None:
+    """A command's module is the only one loaded when it runs: a subcommand that another module
+    adds to its group (`@runs_group.command` outside runs.py) would be missing then."""
+    _load_every_command_module()
+    for name, command in cli.commands.items():
+        if not isinstance(command, click.Group):
+            continue
+        home = f"treadle.cli.{COMMANDS[name][0]}"
+        for sub_name, sub in command.commands.items():
+            assert sub.callback is not None
+            assert sub.callback.__module__ == home, f"treadle {name} {sub_name} is defined outside {home}"

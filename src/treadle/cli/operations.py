@@ -1,15 +1,13 @@
-"""Operational views and actions: `treadle why`, `queues`, `workers`, and cancelling."""
+"""Operational views: `treadle why`, `queues`, `workers`."""
 
 from __future__ import annotations
 
 import click
 
-from treadle.cli.main import Context, cli, identity, pass_context
+from treadle.cli.main import Context, cli, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
-from treadle.cli.runs import runs_group
-from treadle.cli.tasks import tasks_group
 from treadle.domain.mapping import instance_label
-from treadle.engine import cancellation, diagnosis, queries
+from treadle.engine import diagnosis, queries
 
 
 @cli.command("why")
@@ -80,37 +78,3 @@ def workers_cmd(ctx: Context, as_json: bool) -> None:
             for w in found
         ],
     )
-
-
-def _show(result: cancellation.Cancellation, as_json: bool) -> None:
-    if as_json:
-        emit_json(result)
-        return
-    ruled_out = f"; ended by their trigger rules: {', '.join(result.ruled_out)}" if result.ruled_out else ""
-    click.echo(
-        f"cancelled {len(result.cancelled)} task instance(s) of {result.run_id}"
-        f" ({len(result.running_killed)} running){ruled_out}; run is {result.run_state}"
-    )
-
-
-@runs_group.command("cancel")
-@click.argument("run_id")
-@click.option("--reason", default="", help="Why (recorded in the audit log).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_context
-def cancel_run_cmd(ctx: Context, run_id: str, reason: str, as_json: bool) -> None:
-    """Cancel a run: running attempts are killed, nothing else starts."""
-    _show(cancellation.cancel_run(ctx.db, run_id, actor=identity(), reason=reason), as_json)
-
-
-@tasks_group.command("cancel")
-@click.argument("run_id")
-@click.argument("task_id")
-@click.option("--reason", default="", help="Why (recorded in the audit log).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_context
-def cancel_task_cmd(ctx: Context, run_id: str, task_id: str, reason: str, as_json: bool) -> None:
-    """Cancel a task of a run (each of its mapped instances); its downstream tasks' trigger
-    rules decide what follows (an all_success task becomes upstream_failed, an all_done
-    clean-up still runs)."""
-    _show(cancellation.cancel_task(ctx.db, run_id, task_id, actor=identity(), reason=reason), as_json)

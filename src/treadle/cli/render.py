@@ -15,6 +15,8 @@ import click
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from treadle.engine.cancellation import Cancellation
+
 
 @cache
 def console() -> Console:
@@ -65,3 +67,15 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) 
     for r in rows:
         t.add_row(*["-" if v is None else str(v) for v in r])
     console().print(t)
+
+
+def show_cancellation(result: Cancellation, as_json: bool) -> None:
+    """What a cancel changed: JSON, or one line."""
+    if as_json:
+        emit_json(result)
+        return
+    ruled_out = f"; ended by their trigger rules: {', '.join(result.ruled_out)}" if result.ruled_out else ""
+    click.echo(
+        f"cancelled {len(result.cancelled)} task instance(s) of {result.run_id}"
+        f" ({len(result.running_killed)} running){ruled_out}; run is {result.run_state}"
+    )

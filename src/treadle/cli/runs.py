@@ -1,4 +1,4 @@
-"""`treadle runs`: list and show."""
+"""`treadle runs`: list, show and cancel."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from treadle.cli.main import Context, cli, pass_context
-from treadle.cli.render import emit_json, fmt_duration, fmt_time, table
+from treadle.cli.main import Context, cli, identity, pass_context
+from treadle.cli.render import emit_json, fmt_duration, fmt_time, show_cancellation, table
 from treadle.domain.mapping import instance_label
-from treadle.engine import queries
+from treadle.engine import cancellation, queries
 
 
 @cli.group("runs")
@@ -116,3 +116,13 @@ def _short(value: object) -> str:
         return ""
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+@runs_group.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", default="", help="Why (recorded in the audit log).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def cancel_run_cmd(ctx: Context, run_id: str, reason: str, as_json: bool) -> None:
+    """Cancel a run: running attempts are killed, nothing else starts."""
+    show_cancellation(cancellation.cancel_run(ctx.db, run_id, actor=identity(), reason=reason), as_json)

@@ -1,6 +1,6 @@
 """`treadle tasks test` (run one task in this process, recording nothing), `treadle tasks clear`
-(run finished tasks of a run again), and `treadle tasks inspection` / `resolve` (task instances
-whose attempt ended with an unknown commit)."""
+(run finished tasks of a run again), `treadle tasks inspection` / `resolve` (task instances
+whose attempt ended with an unknown commit) and `treadle tasks cancel`."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from treadle.authoring.context import TaskContext
 from treadle.authoring.loader import load_file, load_folder, make_importable
 from treadle.authoring.specs import Dag, TaskNode
 from treadle.cli.main import Context, cli, identity, pass_context
-from treadle.cli.render import emit_json, fmt_time, table
+from treadle.cli.render import emit_json, fmt_time, show_cancellation, table
 from treadle.domain.conf_limits import check_conf_depth, check_conf_limits, json_text_depth
 from treadle.domain.params import resolve_params
-from treadle.engine import inspection
+from treadle.engine import cancellation, inspection
 from treadle.engine.clearing import clear_tasks
 from treadle.errors import DagDefinitionError, DagNotFound, InvalidRequest, TreadleError
 from treadle.worker.attempt_log import AttemptLog
@@ -295,3 +295,17 @@ def resolve_cmd(
         emit_json(updated)
         return
     click.echo(f"resolved {task_id} of run {run_id} as {resolution}: now {updated.state}")
+
+
+@tasks_group.command("cancel")
+@click.argument("run_id")
+@click.argument("task_id")
+@click.option("--reason", default="", help="Why (recorded in the audit log).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def cancel_task_cmd(ctx: Context, run_id: str, task_id: str, reason: str, as_json: bool) -> None:
+    """Cancel a task of a run (each of its mapped instances); its downstream tasks' trigger
+    rules decide what follows (an all_success task becomes upstream_failed, an all_done
+    clean-up still runs)."""
+    done = cancellation.cancel_task(ctx.db, run_id, task_id, actor=identity(), reason=reason)
+    show_cancellation(done, as_json)
