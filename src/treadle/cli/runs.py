@@ -10,7 +10,7 @@ import click
 from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_duration, fmt_time, show_cancellation, table
 from treadle.domain.mapping import instance_label
-from treadle.engine import cancellation, queries
+from treadle.engine import queries
 
 
 @cli.group("runs")
@@ -125,4 +125,6 @@ def _short(value: object) -> str:
 @pass_context
 def cancel_run_cmd(ctx: Context, run_id: str, reason: str, as_json: bool) -> None:
     """Cancel a run: running attempts are killed, nothing else starts."""
+    from treadle.engine import cancellation  # not for the read commands: it needs the engine's writers
+
     show_cancellation(cancellation.cancel_run(ctx.db, run_id, actor=identity(), reason=reason), as_json)
