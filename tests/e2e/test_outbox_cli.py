@@ -5,9 +5,7 @@ purged with `treadle outbox`."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 
 from tests.e2e.conftest import Cluster
 from tests.helpers.wait import wait_for
+from tests.helpers.webhook import Receiver
 from treadle.delivery.webhook import signature
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -43,34 +42,11 @@ DAG = """
 """
 
 
-class Receiver:
-    def __init__(self) -> None:
-        self.status = 500
-        self.received: list[tuple[dict[str, str], bytes]] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                owner.received.append((dict(self.headers), body))
-                self.send_response(owner.status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/treadle"
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    r = Receiver()
+    r = Receiver(status=500, path="/treadle")
     yield r
-    r.httpd.shutdown()
-    r.httpd.server_close()
+    r.close()
 
 
 def test_dead_entries_are_listed_replayed_delivered_and_purged(

@@ -4,16 +4,13 @@ after the last attempt, replayed; every relay write fenced by the leader's epoch
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
 from tests.helpers.wait import wait_for
+from tests.helpers.webhook import Receiver
 from treadle import Dataset, dag, task
 from treadle.delivery.relay import OutboxRelay
 from treadle.delivery.webhook import SINK, WebhookSink, signature
@@ -44,40 +41,9 @@ def effects() -> None:
     broken()
 
 
-class Receiver:
-    """A local webhook receiver that records what it got and answers `status`."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.received: list[tuple[dict[str, str], bytes]] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                owner.received.append((dict(self.headers), body))
-                self.send_response(owner.status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
-
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(body) for _, body in self.received]
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    r = Receiver()
+    r = Receiver(status=200, path="/hook")
     yield r
     r.close()
 
