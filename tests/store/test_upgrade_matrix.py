@@ -306,9 +306,9 @@ def _check_kept(db: Database, inserted: dict[str, list[dict[str, Any]]], revisio
                 ).one_or_none()
                 assert found is not None, f"{name} row {[row[k] for k in key]} lost upgrading from {revision}"
                 got = found._mapping
-                for column, value in row.items():
-                    assert _normal(got[column]) == _normal(value), (
-                        f"{name}.{column} was {value!r}, is {got[column]!r} after upgrading from {revision}"
+                for field, value in row.items():
+                    assert _normal(got[field]) == _normal(value), (
+                        f"{name}.{field} was {value!r}, is {got[field]!r} after upgrading from {revision}"
                     )
                 for column in table.c:
                     if column.name in row or column.nullable:

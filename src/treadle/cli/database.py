@@ -23,11 +23,49 @@ def db_group() -> None:
 
 
 @db_group.command("upgrade")
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the DDL instead of applying it (for a DBA to review and apply); changes nothing.",
+)
+@click.option(
+    "--from",
+    "from_revision",
+    default=None,
+    metavar="REV",
+    help="With --sql: the revision the database is at (default: read from the database; "
+    "none recorded: an empty database).",
+)
 @pass_context
-def upgrade(ctx: Context) -> None:
+def upgrade(ctx: Context, as_sql: bool, from_revision: str | None) -> None:
     """Migrate the database to the newest schema (idempotent)."""
+    if from_revision is not None and not as_sql:
+        raise click.UsageError("--from only applies with --sql")
+    if as_sql:
+        _print_upgrade_sql(ctx, from_revision)
+        return
     db = ctx.db_upgraded("treadle-cli")
     click.echo(f"database at revision {migrate.current_revision(db)} ({db.dialect})")
+
+
+def _print_upgrade_sql(ctx: Context, from_revision: str | None) -> None:
+    """Print the upgrade's DDL for the configured database's dialect (offline: nothing runs)."""
+    known = migrate.known_revisions()
+    if from_revision is not None and from_revision not in known:
+        raise click.BadParameter(
+            f"unknown revision {from_revision!r}; this treadle knows {', '.join(known)}",
+            param_hint="--from",
+        )
+    db = ctx.open_db("treadle-cli")
+    if from_revision is None:
+        from_revision = migrate.current_revision(db)
+        migrate.refuse_newer(from_revision)
+    ddl = migrate.upgrade_sql(db.engine.dialect.name, from_revision)
+    if not ddl:
+        click.echo(f"-- database already at revision {migrate.head_revision()}: nothing to apply")
+        return
+    click.echo(ddl, nl=False)
 
 
 @db_group.command("check")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -24,6 +25,7 @@ __all__ = [
     "make_revision",
     "refuse_newer",
     "upgrade",
+    "upgrade_sql",
 ]
 
 _SCRIPTS = str(Path(__file__).parent / "migrations")
@@ -42,6 +44,22 @@ def upgrade(db: Database, revision: str = "head") -> None:
         refuse_newer(MigrationContext.configure(conn).get_current_revision())
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+def upgrade_sql(dialect_name: str, from_revision: str | None) -> str:
+    """The DDL that upgrades a database of `dialect_name` from `from_revision` (None: empty) to
+    head, rendered by Alembic's offline mode without touching any database ("" if at head)."""
+    known = known_revisions()
+    if from_revision is not None and from_revision not in known:
+        raise ValueError(f"unknown schema revision {from_revision!r}: this treadle knows {', '.join(known)}")
+    if from_revision == head_revision():
+        return ""
+    out = io.StringIO()
+    cfg = _config()
+    cfg.attributes["dialect_name"] = dialect_name
+    cfg.attributes["output"] = out
+    command.upgrade(cfg, f"{from_revision}:head" if from_revision else "head", sql=True)
+    return out.getvalue()
 
 
 def _connect(db: Database) -> Connection:

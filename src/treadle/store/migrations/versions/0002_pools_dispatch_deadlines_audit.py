@@ -100,7 +100,7 @@ _DEFAULT_QUEUE_TIMEOUT_S = 600
 
 def _plus_seconds(column: str, seconds: str) -> str:
     """SQL for `column + seconds` on this dialect (seconds: a column or a literal)."""
-    dialect = op.get_bind().dialect.name
+    dialect = op.get_context().dialect.name  # works offline too (`db upgrade --sql`)
     if dialect == "sqlite":
         return f"strftime('%Y-%m-%d %H:%M:%f', {column}, '+' || ({seconds}) || ' seconds')"
     if dialect == "mysql":
