@@ -32,7 +32,7 @@ T0 = datetime(2026, 1, 1, 10, 0, 0, 123456, tzinfo=UTC)
 
 #: Task states that did not exist before a revision (the state column is free text, so the
 #: revision that brought the state's columns is the first one a database could hold it in).
-STATE_SINCE = {TaskState.UP_FOR_RESCHEDULE: "0009", TaskState.NEEDS_INSPECTION: "0011"}
+STATE_SINCE = {TaskState.UP_FOR_RESCHEDULE: "0009", TaskState.NEEDS_INSPECTION: "0006"}
 
 #: The task state each run holds in its one task, besides the running run holding every state.
 RUN_TASK_STATE = {
