@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -38,6 +39,28 @@ class Sink(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+class Routes:
+    """A sink that hands each entry to the sink its `sink` column names ("webhook",
+    "openlineage"); an entry for a sink this process lacks fails, named, and ends dead."""
+
+    def __init__(self, sinks: Mapping[str, Sink]) -> None:
+        if not sinks:
+            raise ValueError("Routes needs at least one sink")
+        self.sinks = dict(sinks)
+
+    def deliver(self, entry: OutboxEntry) -> str | None:
+        """Deliver through the entry's own sink."""
+        sink = self.sinks.get(entry.sink)
+        if sink is None:
+            return f"no {entry.sink!r} sink is configured here (configured: {', '.join(sorted(self.sinks))})"
+        return sink.deliver(entry)
+
+    def close(self) -> None:
+        """Close every sink."""
+        for sink in self.sinks.values():
+            sink.close()
 
 
 class OutboxRelay(threading.Thread):

@@ -191,7 +191,7 @@ def time_out_sensor(
                 dialects.notify_ready(conn)
         else:
             propagation.after_dead_letter(db, conn, task, now=now)
-        close_run_if_done(conn, task.run_id)
+        close_run_if_done(db, conn, task.run_id)
         return Ending(applied=True)
 
     return db.transact(work)
