@@ -257,7 +257,16 @@ def _relay(ctx: Context, db: Database, scheduler: Scheduler) -> OutboxRelay | No
     from treadle.domain.outbox import DeliveryPolicy
 
     policy = DeliveryPolicy(max_attempts=settings.outbox_max_attempts)
-    return OutboxRelay(db, scheduler.leadership, Routes(sinks), policy=policy, ack_s=settings.outbox_ack_s)
+    from treadle.engine.lineage import SINK as LINEAGE
+
+    return OutboxRelay(
+        db,
+        scheduler.leadership,
+        Routes(sinks),
+        policy=policy,
+        ack_s=settings.outbox_ack_s,
+        ordered=lambda entry: entry.sink == LINEAGE,
+    )
 
 
 def _scheduler(ctx: Context, db: Database, metrics: Metrics | None = None) -> Scheduler:

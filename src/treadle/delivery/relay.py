@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -75,9 +75,12 @@ class OutboxRelay(threading.Thread):
         policy: DeliveryPolicy,
         ack_s: float,
         poll_s: float = 1.0,
+        ordered: Callable[[OutboxEntry], bool] = lambda entry: False,
     ) -> None:
         super().__init__(name="treadle-outbox-relay", daemon=True)
         self.db, self.leadership, self.sink = db, leadership, sink
+        #: Entries delivered one after another in claim order (lineage: START before COMPLETE).
+        self.ordered = ordered
         self.policy, self.ack_s, self.poll_s = policy, ack_s, poll_s
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="treadle-deliver")
@@ -121,7 +124,7 @@ class OutboxRelay(threading.Thread):
         settling: Future[int] | None = None
         while entries:
             upcoming = self.database.submit(claim) if len(entries) >= BATCH else None
-            errors = list(self.pool.map(self.sink.deliver, entries))
+            errors = self._deliver(entries)
             if settling is not None:
                 settling.result()
             settling = self.database.submit(self._settle, list(zip(entries, errors, strict=True)), epoch)
@@ -129,6 +132,32 @@ class OutboxRelay(threading.Thread):
         if settling is not None:
             settling.result()
         return True
+
+    def _deliver(self, entries: list[OutboxEntry]) -> list[str | None]:
+        """Deliver a batch: each unordered entry on its own, the ordered ones in one lane, in
+        claim order; after a failure in that lane the rest of it is held back (retried later)."""
+        lanes: list[list[int]] = []
+        in_order: list[int] = []
+        for i, entry in enumerate(entries):
+            if self.ordered(entry):
+                in_order.append(i)
+            else:
+                lanes.append([i])
+        if in_order:
+            lanes.append(in_order)
+        errors: list[str | None] = [None] * len(entries)
+
+        def run(lane: list[int]) -> None:
+            for n, i in enumerate(lane):
+                error = self.sink.deliver(entries[i])
+                errors[i] = error
+                if error is not None:
+                    for j in lane[n + 1 :]:
+                        errors[j] = f"held back behind entry {entries[i].id}, which failed: {error}"[:2000]
+                    return
+
+        list(self.pool.map(run, lanes))
+        return errors
 
     def _settle(self, results: list[tuple[OutboxEntry, str | None]], epoch: int) -> int:
         changed = settle_deliveries(
