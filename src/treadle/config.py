@@ -92,11 +92,23 @@ class Settings:
     outbox_max_attempts: int = 10
     #: How long a receiver has to acknowledge one delivery.
     outbox_ack_s: float = 10.0
+    #: Where OpenLineage events go: an http(s) URL (the client's HTTP transport)...
+    openlineage_url: str | None = None
+    #: ...or a file that gets one JSON event per line; neither: no lineage events.
+    openlineage_file: Path | None = None
+    #: The OpenLineage namespace of treadle's jobs.
+    openlineage_namespace: str = "treadle"
 
     @property
     def outbox_sinks(self) -> tuple[str, ...]:
         """The sinks effects are written for (the webhook when it is configured)."""
         return ("webhook",) if self.outbox_webhook_url else ()
+
+    @property
+    def lineage_namespace(self) -> str | None:
+        """The namespace lineage events are written with; None when lineage is off."""
+        enabled = self.openlineage_url is not None or self.openlineage_file is not None
+        return self.openlineage_namespace if enabled else None
 
     @property
     def logs_dir(self) -> Path:
@@ -140,6 +152,11 @@ class Settings:
             log_format=parse_log_format(env.get("TREADLE_LOG_FORMAT", "")),
             outbox_webhook_url=parse_webhook_url(env.get("TREADLE_OUTBOX_WEBHOOK_URL", "")),
             outbox_webhook_secret=env.get("TREADLE_OUTBOX_WEBHOOK_SECRET") or None,
+            openlineage_url=parse_webhook_url(
+                env.get("TREADLE_OPENLINEAGE_URL", ""), name="TREADLE_OPENLINEAGE_URL"
+            ),
+            openlineage_file=parse_lineage_file(env.get("TREADLE_OPENLINEAGE_FILE", "")),
+            openlineage_namespace=parse_namespace(env.get("TREADLE_OPENLINEAGE_NAMESPACE", "")),
             **numbers,
         )
         settings.validate()
@@ -158,6 +175,11 @@ class Settings:
             spec.check(getattr(self, spec.field))
         if self.default_task_timeout_s is not None:
             DEFAULT_TASK_TIMEOUT.check(self.default_task_timeout_s)
+        if self.openlineage_url is not None and self.openlineage_file is not None:
+            raise ConfigError(
+                "set one of TREADLE_OPENLINEAGE_URL and TREADLE_OPENLINEAGE_FILE, not both "
+                f"(got {self.openlineage_url!r} and {str(self.openlineage_file)!r})"
+            )
         if self.heartbeat_s * 3 > self.lease_s:
             raise ConfigError(
                 f"TREADLE_LEASE_SECONDS ({self.lease_s}) must be at least 3 x "
@@ -302,14 +324,35 @@ def parse_metrics_port(raw: str) -> int | None:
     return int(text)
 
 
-def parse_webhook_url(raw: str) -> str | None:
-    """TREADLE_OUTBOX_WEBHOOK_URL: an http(s) URL with a host; empty: no webhook."""
+def parse_webhook_url(raw: str, *, name: str = "TREADLE_OUTBOX_WEBHOOK_URL") -> str | None:
+    """TREADLE_OUTBOX_WEBHOOK_URL (or `name`): an http(s) URL with a host; empty: none."""
     text = raw.strip()
     if not text:
         return None
     scheme, sep, rest = text.partition("://")
     if scheme.lower() not in ("http", "https") or not sep or not rest.split("/")[0]:
-        raise ConfigError(f"TREADLE_OUTBOX_WEBHOOK_URL must be an http:// or https:// URL, got {raw!r}")
+        raise ConfigError(f"{name} must be an http:// or https:// URL, got {raw!r}")
+    return text
+
+
+def parse_lineage_file(raw: str) -> Path | None:
+    """TREADLE_OPENLINEAGE_FILE: a file path (its folder must exist); empty: none."""
+    text = raw.strip()
+    if not text:
+        return None
+    path = Path(text).expanduser()
+    if not path.parent.is_dir():
+        raise ConfigError(f"TREADLE_OPENLINEAGE_FILE {raw!r}: folder {str(path.parent)!r} does not exist")
+    return path
+
+
+def parse_namespace(raw: str) -> str:
+    """TREADLE_OPENLINEAGE_NAMESPACE: a non-blank name without spaces; empty: "treadle"."""
+    text = raw.strip()
+    if not text:
+        return "treadle"
+    if any(c.isspace() for c in text):
+        raise ConfigError(f"TREADLE_OPENLINEAGE_NAMESPACE must not contain spaces, got {raw!r}")
     return text
 
 

@@ -10,12 +10,14 @@ from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.engine import datasets
 from treadle.engine.accounts import Caller
+from treadle.engine.dag_detail import dataset_freshness
 from treadle.engine.dataset_access import (
     grant_dataset,
     list_dataset_access,
     revoke_dataset,
     set_dataset_owner,
 )
+from treadle.engine.schedules import seconds_in_words
 
 #: Characters of an event's metadata shown in a table cell (`--json` shows all of it).
 EXTRA_PREVIEW_CHARS = 80
@@ -48,6 +50,33 @@ def list_cmd(ctx: Context, as_json: bool) -> None:
                 ", ".join(f"{c} (paused)" if c in d.paused_consumers else c for c in d.consumers) or None,
             )
             for d in found
+        ],
+    )
+
+
+@datasets_group.command("freshness")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def freshness_cmd(ctx: Context, as_json: bool) -> None:
+    """Each output of a DAG with a freshness SLO: its age against the SLO."""
+    now, found = dataset_freshness(ctx.db)
+    if as_json:
+        emit_json(found)
+        return
+    table(
+        f"Freshness at {fmt_time(now)}",
+        ["dataset", "DAG", "owner", "last event at", "age", "SLO", "status"],
+        [
+            (
+                f.dataset,
+                f.dag_id,
+                f.owner,
+                fmt_time(f.last_event_at),
+                None if f.age_s is None else seconds_in_words(round(f.age_s)),
+                seconds_in_words(round(f.slo_s)),
+                "fresh" if f.within_slo else ("never published" if f.age_s is None else "STALE"),
+            )
+            for f in found
         ],
     )
 

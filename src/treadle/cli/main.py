@@ -78,6 +78,7 @@ class Context:
             max_map_length=self.settings.max_map_length,
         )
         db.outbox_sinks = self.settings.outbox_sinks
+        db.lineage_namespace = self.settings.lineage_namespace
         return db
 
 

@@ -234,19 +234,39 @@ def _instrument(
 
 
 def _relay(ctx: Context, db: Database, scheduler: Scheduler) -> OutboxRelay | None:
-    """The outbox relay of a scheduler, when a webhook is configured (it delivers while leading)."""
+    """The outbox relay of a scheduler, when a webhook or OpenLineage is configured (it delivers
+    while leading)."""
     settings = ctx.settings
-    if settings.outbox_webhook_url is None:
+    from treadle.delivery.relay import OutboxRelay, Routes, Sink
+
+    sinks: dict[str, Sink] = {}
+    if settings.outbox_webhook_url is not None:
+        from treadle.delivery.webhook import SINK, WebhookSink
+
+        sinks[SINK] = WebhookSink(
+            settings.outbox_webhook_url, secret=settings.outbox_webhook_secret, ack_s=settings.outbox_ack_s
+        )
+    if settings.lineage_namespace is not None:
+        from treadle.delivery import lineage
+
+        sinks[lineage.SINK] = lineage.OpenLineageSink(
+            url=settings.openlineage_url, file=settings.openlineage_file, ack_s=settings.outbox_ack_s
+        )
+    if not sinks:
         return None
-    from treadle.delivery.relay import OutboxRelay
-    from treadle.delivery.webhook import WebhookSink
     from treadle.domain.outbox import DeliveryPolicy
 
-    sink = WebhookSink(
-        settings.outbox_webhook_url, secret=settings.outbox_webhook_secret, ack_s=settings.outbox_ack_s
-    )
     policy = DeliveryPolicy(max_attempts=settings.outbox_max_attempts)
-    return OutboxRelay(db, scheduler.leadership, sink, policy=policy, ack_s=settings.outbox_ack_s)
+    from treadle.engine.lineage import SINK as LINEAGE
+
+    return OutboxRelay(
+        db,
+        scheduler.leadership,
+        Routes(sinks),
+        policy=policy,
+        ack_s=settings.outbox_ack_s,
+        ordered=lambda entry: entry.sink == LINEAGE,
+    )
 
 
 def _scheduler(ctx: Context, db: Database, metrics: Metrics | None = None) -> Scheduler:

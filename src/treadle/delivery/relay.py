@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -40,6 +41,28 @@ class Sink(Protocol):
         ...
 
 
+class Routes:
+    """A sink that hands each entry to the sink its `sink` column names ("webhook",
+    "openlineage"); an entry for a sink this process lacks fails, named, and ends dead."""
+
+    def __init__(self, sinks: Mapping[str, Sink]) -> None:
+        if not sinks:
+            raise ValueError("Routes needs at least one sink")
+        self.sinks = dict(sinks)
+
+    def deliver(self, entry: OutboxEntry) -> str | None:
+        """Deliver through the entry's own sink."""
+        sink = self.sinks.get(entry.sink)
+        if sink is None:
+            return f"no {entry.sink!r} sink is configured here (configured: {', '.join(sorted(self.sinks))})"
+        return sink.deliver(entry)
+
+    def close(self) -> None:
+        """Close every sink."""
+        for sink in self.sinks.values():
+            sink.close()
+
+
 class OutboxRelay(threading.Thread):
     """Delivers the outbox while `leadership` leads; idle (polling `poll_s`) otherwise."""
 
@@ -52,9 +75,12 @@ class OutboxRelay(threading.Thread):
         policy: DeliveryPolicy,
         ack_s: float,
         poll_s: float = 1.0,
+        ordered: Callable[[OutboxEntry], bool] = lambda entry: False,
     ) -> None:
         super().__init__(name="treadle-outbox-relay", daemon=True)
         self.db, self.leadership, self.sink = db, leadership, sink
+        #: Entries delivered one after another in claim order (lineage: START before COMPLETE).
+        self.ordered = ordered
         self.policy, self.ack_s, self.poll_s = policy, ack_s, poll_s
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="treadle-deliver")
@@ -98,7 +124,7 @@ class OutboxRelay(threading.Thread):
         settling: Future[int] | None = None
         while entries:
             upcoming = self.database.submit(claim) if len(entries) >= BATCH else None
-            errors = list(self.pool.map(self.sink.deliver, entries))
+            errors = self._deliver(entries)
             if settling is not None:
                 settling.result()
             settling = self.database.submit(self._settle, list(zip(entries, errors, strict=True)), epoch)
@@ -106,6 +132,32 @@ class OutboxRelay(threading.Thread):
         if settling is not None:
             settling.result()
         return True
+
+    def _deliver(self, entries: list[OutboxEntry]) -> list[str | None]:
+        """Deliver a batch: each unordered entry on its own, the ordered ones in one lane, in
+        claim order; after a failure in that lane the rest of it is held back (retried later)."""
+        lanes: list[list[int]] = []
+        in_order: list[int] = []
+        for i, entry in enumerate(entries):
+            if self.ordered(entry):
+                in_order.append(i)
+            else:
+                lanes.append([i])
+        if in_order:
+            lanes.append(in_order)
+        errors: list[str | None] = [None] * len(entries)
+
+        def run(lane: list[int]) -> None:
+            for n, i in enumerate(lane):
+                error = self.sink.deliver(entries[i])
+                errors[i] = error
+                if error is not None:
+                    for j in lane[n + 1 :]:
+                        errors[j] = f"held back behind entry {entries[i].id}, which failed: {error}"[:2000]
+                    return
+
+        list(self.pool.map(run, lanes))
+        return errors
 
     def _settle(self, results: list[tuple[OutboxEntry, str | None]], epoch: int) -> int:
         changed = settle_deliveries(

@@ -25,6 +25,10 @@ class OutboxKind(StrEnum):
 
     DATASET_PUBLISHED = "dataset.published"
     TASK_DEAD_LETTER = "task.dead_letter"
+    #: A DAG's output older than its freshness SLO (engine/freshness.py).
+    FRESHNESS_MISS = "freshness.miss"
+    #: An OpenLineage run event (domain/lineage.py), for the "openlineage" sink only.
+    LINEAGE = "openlineage.run_event"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

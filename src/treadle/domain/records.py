@@ -193,6 +193,7 @@ class ActiveInstance:
     worker_id: str | None
     hostname: str | None
     started_at: datetime | None
+    map_index: int = -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,6 +33,7 @@ from treadle.domain.params import resolve_params
 from treadle.domain.records import DagInfo, RunInfo
 from treadle.domain.states import RunType
 from treadle.domain.timetable import Timetable
+from treadle.engine import lineage
 from treadle.engine.admission import count_refusal, find_overload_now
 from treadle.engine.clearing import clear_in_transaction
 from treadle.engine.dags import version_of
@@ -115,6 +116,7 @@ def drain_backfills(
             )
         if acc.runs:
             run_store.insert_runs(conn, acc.runs)
+            lineage.runs_started(db, conn, acc.runs)
             ti_store.insert_task_instances(conn, acc.instances)
         if acc.runs or acc.reopened:
             dialects.notify_ready(conn)

@@ -16,10 +16,11 @@ from datetime import datetime
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
+from treadle.domain.lineage import LineageEventType
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, TaskState
 from treadle.domain.trigger_rules import End
-from treadle.engine import propagation
+from treadle.engine import lineage, propagation
 from treadle.engine.dags import version_of
 from treadle.engine.execution import insert_attempt_record
 from treadle.engine.propagation import Arrival
@@ -109,7 +110,10 @@ def _cancel(
             logical_date=run.logical_date,
             started_at=r.started_at,
             timeout_s=None,
+            map_index=r.map_index,
         )
+        if r.started_at is not None:
+            lineage.attempts_ended(db, conn, [(task, now)], LineageEventType.ABORT)
         insert_attempt_record(
             conn,
             task,
@@ -121,10 +125,10 @@ def _cancel(
         )
     ruled_out: list[str] = []
     if task_id is None:
-        cancel_run_row(conn, run_id, now=now)
+        cancel_run_row(db, conn, run_id, now=now)
     else:
         ruled_out = _propagate(db, conn, version, run_id, task_id, ends=len(rows), now=now)
-        close_run_if_done(conn, run_id)
+        close_run_if_done(db, conn, run_id)
     audit.record(
         conn,
         at=now,

@@ -73,6 +73,55 @@ def dag_detail(db: Database, dag_id: str, *, runs: int = 10) -> DagDetail:
     return db.query(work)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DatasetFreshness:
+    """One output of a DAG with a freshness SLO: its age against that SLO."""
+
+    dataset: str
+    dag_id: str
+    owner: str
+    slo_s: float
+    last_event_at: datetime | None
+    #: Seconds since the newest event (None: none yet).
+    age_s: float | None
+    #: False also when the dataset never had an event.
+    within_slo: bool
+
+
+def dataset_freshness(db: Database) -> tuple[datetime, list[DatasetFreshness]]:
+    """Every output of every DAG (latest version) with a freshness SLO, by dataset then DAG, with
+    the database's time it was measured at (`treadle datasets freshness`)."""
+
+    def work(conn: Connection) -> tuple[datetime, list[DatasetFreshness]]:
+        now = db_now(conn)
+        wanted = [
+            (structure, name)
+            for structure in dataset_store.latest_structures(conn)
+            if structure.contract.freshness_slo_s is not None
+            for name in structure.outputs()
+        ]
+        newest = dataset_store.last_event_times(conn, sorted({name for _, name in wanted}))
+        found = []
+        for structure, name in wanted:
+            slo = structure.contract.freshness_slo_s
+            assert slo is not None
+            f = _freshness(name, newest.get(name), slo_s=slo, now=now)
+            found.append(
+                DatasetFreshness(
+                    dataset=name,
+                    dag_id=structure.dag_id,
+                    owner=structure.owner,
+                    slo_s=slo,
+                    last_event_at=f.last_event_at,
+                    age_s=f.age_s,
+                    within_slo=bool(f.within_slo),
+                )
+            )
+        return now, sorted(found, key=lambda f: (f.dataset, f.dag_id))
+
+    return db.query(work)
+
+
 def _freshness(name: str, last: datetime | None, *, slo_s: float | None, now: datetime) -> OutputFreshness:
     age = None if last is None else max((now - last).total_seconds(), 0.0)
     within = None if slo_s is None else age is not None and age <= slo_s

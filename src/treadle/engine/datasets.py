@@ -35,6 +35,7 @@ from treadle.domain.params import resolve_params
 from treadle.domain.records import ClaimedTask, RunInfo
 from treadle.domain.states import RunType
 from treadle.domain.timetable import ScheduleSpec
+from treadle.engine import lineage
 from treadle.engine.admission import (
     audit_refusal,
     count_refusal,
@@ -219,6 +220,7 @@ def trigger_dataset_runs(
             raise MarksMoved(dag_ids=sorted({m[0] for m in moves}), expected=len(moves), moved=moved)
         if runs:
             run_store.insert_runs(conn, runs)
+            lineage.runs_started(db, conn, runs)
             ti_store.insert_task_instances(conn, instances)
             dialects.notify_ready(conn)
             log.info(

@@ -15,13 +15,14 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.fingerprint import fingerprint
+from treadle.domain.lineage import LineageEventType
 from treadle.domain.outbox import OutboxKind
 from treadle.domain.records import AttemptDetails, AttemptError, AttemptRow, ClaimedTask, RunInfo
 from treadle.domain.retry import FailurePlan, RetryDecision, plan_failure
 from treadle.domain.sensing import SensorSpec, next_poke_at
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import ending_use_case
-from treadle.engine import outbox
+from treadle.engine import lineage, outbox
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events
 from treadle.engine.mapping import claim_inputs
@@ -112,7 +113,7 @@ def _claim_in(
         return []
     runs = _runs(db, conn, {r.run_id for r in rows})
     inputs = claim_inputs(db, conn, rows, {r: run.dag_version_id for r, run in runs.items()}, known)
-    return [
+    claimed = [
         attempt_of(
             r,
             runs[r.run_id],
@@ -123,6 +124,8 @@ def _claim_in(
         )
         for r, (upstream, item) in zip(rows, inputs, strict=True)
     ]
+    lineage.attempts_started(db, conn, claimed)
+    return claimed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,7 +196,7 @@ def work_cycle(
                 + [_unpack(d)[0].task_instance_id for d in successes]
                 + [r.task.task_instance_id for r in reschedules],
             )
-        started = _start_in(conn, start, worker_id=worker_id)
+        started = _start_in(db, conn, start, worker_id=worker_id)
         # An attempt can finish before its start is recorded (a slot ran it straight from the
         # buffer): its attempt row takes the start time just written.
         begun = {(t.task_instance_id, t.attempt): t for t in started if t is not None}
@@ -241,7 +244,9 @@ def work_cycle(
     return db.transact(work, attempts=attempts)
 
 
-def _start_in(conn: Connection, tasks: Sequence[ClaimedTask], *, worker_id: str) -> list[ClaimedTask | None]:
+def _start_in(
+    db: Database, conn: Connection, tasks: Sequence[ClaimedTask], *, worker_id: str
+) -> list[ClaimedTask | None]:
     if not tasks:
         return []
     begun = ti_store.start_claimed_many(
@@ -250,17 +255,19 @@ def _start_in(conn: Connection, tasks: Sequence[ClaimedTask], *, worker_id: str)
         worker_id=worker_id,
         now=dialects.statement_clock(conn),
     )
-    return [
+    started = [
         None if (at := begun.get((t.task_instance_id, t.attempt))) is None else replace(t, started_at=at)
         for t in tasks
     ]
+    lineage.attempts_started(db, conn, started)
+    return started
 
 
 def start_claimed(db: Database, task: ClaimedTask, *, worker_id: str) -> ClaimedTask | None:
     """Start a buffered attempt, re-checking in the same statement that this worker still holds
     it: the attempt with its start time, or None if it was cancelled, reaped or lost meanwhile
     (it must not run). The same guarded statement a dispatch pass uses (`work_cycle`)."""
-    return db.transact(lambda conn: _start_in(conn, [task], worker_id=worker_id))[0]
+    return db.transact(lambda conn: _start_in(db, conn, [task], worker_id=worker_id))[0]
 
 
 def attempt_of(
@@ -397,6 +404,7 @@ def _complete_in(
                 )
             )
     events = _record_successes(db, conn, applied, worker_id=worker_id, hostname=hostname)
+    lineage.attempts_ended(db, conn, [(a.task, a.ended_at) for a in applied], LineageEventType.COMPLETE)
     increments, follow_ups, touched = _downstream_effects(db, conn, applied)
     readied_queues: set[str] = set()
     readied = (
@@ -413,7 +421,7 @@ def _complete_in(
     # A run where this readied something is active; any other may have just ended (a leaf,
     # or a fan-in whose other branch failed).
     for run_id in sorted(touched - readied):
-        close_run_if_done(conn, run_id)
+        close_run_if_done(db, conn, run_id)
     # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
     record_outlet_events(conn, events)
     outbox.enqueue(db, conn, kind=OutboxKind.DATASET_PUBLISHED, payloads=outbox.dataset_payloads(events))
@@ -568,11 +576,13 @@ def fail_attempt(
             retry_delay_s=plan.decision.delay_s if plan.decision.retry else None,
             started=outcome is not AttemptOutcome.DISPATCH_TIMEOUT,
         )
+        if outcome is not AttemptOutcome.DISPATCH_TIMEOUT:
+            lineage.attempts_ended(db, conn, [(task, now)], LineageEventType.FAIL)
         if plan.state is TaskState.DEAD_LETTER:
             alert = outbox.dead_letter_payload(task, error, reason=plan.dead_letter_reason, at=now)
             outbox.enqueue(db, conn, kind=OutboxKind.TASK_DEAD_LETTER, payloads=[alert])
             after_dead_letter(db, conn, task, now=now)  # downstream trigger rules decide
-            close_run_if_done(conn, task.run_id)
+            close_run_if_done(db, conn, task.run_id)
             _record_failed_quality(
                 db, conn, task, error, outlets=version.structure.tasks[task.task_id].outlets, at=now
             )
@@ -681,6 +691,8 @@ def hand_back_attempts(db: Database, tasks: list[ClaimedTask], *, worker_id: str
                         frame="treadle.worker",
                     ),
                 )
+                if task.started_at is not None:
+                    lineage.attempts_ended(db, conn, [(task, now)], LineageEventType.ABORT)
         if handed:
             dialects.notify_ready(conn)
         return handed

@@ -174,11 +174,11 @@ def resolve(
             if readied:
                 dialects.notify_ready(conn)
             else:
-                close_run_if_done(conn, run_id)
+                close_run_if_done(db, conn, run_id)
         else:
             if _follow(db, conn, version, found, End.FAILED, now=now):
                 dialects.notify_ready(conn)
-            close_run_if_done(conn, run_id)
+            close_run_if_done(db, conn, run_id)
         audit.record(
             conn,
             at=now,

@@ -18,6 +18,7 @@ from treadle.domain.secret_params import mask_secrets
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import TriggerRule
+from treadle.engine import lineage
 from treadle.engine.admission import record_refusal, require_admission
 from treadle.engine.dags import version_of
 from treadle.errors import DagInactive, DagNotFound, Overloaded, RunCancelledError, RunNotAllowed, RunNotFound
@@ -87,6 +88,7 @@ def trigger_run(
             conn, admission, dag_id=dag_id, adding=queued_per_queue(rows), what=f"a run of DAG {dag_id!r}"
         )
         run_store.insert_run(conn, run)
+        lineage.runs_started(db, conn, [run])
         ti_store.insert_task_instances(conn, rows)
         audit.record(
             conn,
@@ -239,7 +241,7 @@ def _task_instance_rows(
     return rows
 
 
-def close_run_if_done(conn: Connection, run_id: str) -> RunState | None:
+def close_run_if_done(db: Database, conn: Connection, run_id: str) -> RunState | None:
     """Close a running run whose task instances are all terminal; returns the state it took.
 
     The closing half of the run open/close protocol (docs/architecture.md), used by every
@@ -257,7 +259,10 @@ def close_run_if_done(conn: Connection, run_id: str) -> RunState | None:
         return None
     new = RunState.FAILED if run_store.has_unsuccessful_tasks(conn, run_id) else RunState.SUCCESS
     changed = run_store.set_run_state(conn, run_id, by=UseCase.CLOSE, new=new, now=db_now(conn))
-    return new if changed else None
+    if not changed:
+        return None
+    lineage.run_ended(db, conn, run_id, new)
+    return new
 
 
 def reopen_run(conn: Connection, run_id: str, *, now: datetime, requeued_task: str | None = None) -> RunState:
@@ -281,9 +286,12 @@ def reopen_run(conn: Connection, run_id: str, *, now: datetime, requeued_task: s
     return state
 
 
-def cancel_run_row(conn: Connection, run_id: str, *, now: datetime) -> bool:
+def cancel_run_row(db: Database, conn: Connection, run_id: str, *, now: datetime) -> bool:
     """Close a run as cancelled (the caller cancelled its active instances under the run lock)."""
-    return run_store.set_run_state(conn, run_id, by=UseCase.CANCEL, new=RunState.CANCELLED, now=now)
+    if not run_store.set_run_state(conn, run_id, by=UseCase.CANCEL, new=RunState.CANCELLED, now=now):
+        return False
+    lineage.run_ended(db, conn, run_id, RunState.CANCELLED)
+    return True
 
 
 def finish_idle_runs(db: Database, *, limit: int = 500) -> int:
@@ -300,7 +308,7 @@ def finish_idle_runs(db: Database, *, limit: int = 500) -> int:
     for run_id in db.query(candidates):
 
         def close(conn: Connection, run_id: str = run_id) -> RunState | None:
-            return close_run_if_done(conn, run_id)
+            return close_run_if_done(db, conn, run_id)
 
         closed += db.transact(close) is not None
     return closed

@@ -21,6 +21,7 @@ from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagVersion
 from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunType
+from treadle.engine import lineage
 from treadle.engine.dags import versions_of
 from treadle.engine.runs import new_run
 from treadle.engine.schedules import fires_of
@@ -107,6 +108,7 @@ def fire_due_schedules(
             raise WatermarkMoved(dag_ids=[m[0] for m in moves], expected=len(moves), moved=moved)
         if runs:
             run_store.insert_runs(conn, runs)
+            lineage.runs_started(db, conn, runs)
             ti_store.insert_task_instances(conn, instances)
             dialects.notify_ready(conn)
         report.runs_created = len(runs)

@@ -23,12 +23,13 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
+from treadle.domain.lineage import LineageEventType
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.sensing import PokeKind, is_final_poke, poke_deadline
 from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End
-from treadle.engine import propagation
+from treadle.engine import lineage, propagation
 from treadle.engine.dags import version_of
 from treadle.engine.execution import (
     MAX_MESSAGE_CHARS,
@@ -181,6 +182,7 @@ def time_out_sensor(
                 outputs=evidence or None,
             ),
         )
+        lineage.attempts_ended(db, conn, [(task, now)], LineageEventType.FAIL)
         # The end travels on through the trigger rules of what follows, as any task's end does.
         if spec.soft_fail:
             arrivals = [
@@ -191,7 +193,7 @@ def time_out_sensor(
                 dialects.notify_ready(conn)
         else:
             propagation.after_dead_letter(db, conn, task, now=now)
-        close_run_if_done(conn, task.run_id)
+        close_run_if_done(db, conn, task.run_id)
         return Ending(applied=True)
 
     return db.transact(work)

@@ -23,6 +23,7 @@ from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.datasets import trigger_dataset_runs
+from treadle.engine.freshness import check_freshness
 from treadle.engine.leadership import Leadership
 from treadle.engine.reaper import (
     enforce_execution_deadlines,
@@ -49,6 +50,8 @@ log = logging.getLogger("treadle.scheduler")
 
 #: Seconds between two retention batches: pruning is housekeeping, not per-tick work.
 RETENTION_INTERVAL_S = 60.0
+#: Seconds between the leader's freshness SLO checks.
+FRESHNESS_CHECK_S = 30.0
 #: Schedules fired per transaction; a full batch is followed by another at once.
 FIRE_BATCH = 500
 #: Firing passes run side by side during a burst (each on its own schedules).
@@ -125,6 +128,8 @@ class Scheduler:
         self.idle = False
         #: Set by run(): whether wake-ups reach this process (else it ticks every `tick_s`).
         self.wakeups = False
+        #: When the next freshness check is due (monotonic).
+        self.next_freshness_at = 0.0
         self.fire_pool = ThreadPoolExecutor(max_workers=FIRE_PARALLEL, thread_name_prefix="treadle-fire")
 
     def tick(self) -> dict[str, int]:
@@ -210,6 +215,14 @@ class Scheduler:
         )
         return {"dataset_runs": created}
 
+    def check_freshness(self) -> dict[str, int]:
+        """Alert outputs that newly missed their DAG's freshness SLO (every FRESHNESS_CHECK_S)."""
+        epoch = self.leadership.epoch
+        if epoch is None or time.monotonic() < self.next_freshness_at:
+            return {}
+        self.next_freshness_at = time.monotonic() + FRESHNESS_CHECK_S
+        return {"freshness_misses": check_freshness(self.db, holder=self.holder, epoch=epoch)}
+
     def drain_backfills(self) -> dict[str, int]:
         """Hand running backfills their next intervals, within each backfill's budget."""
         epoch = self.leadership.epoch
@@ -242,7 +255,7 @@ class Scheduler:
                 self.next_tick_at = time.monotonic() + self.tick_s
                 changes: dict[str, int] = {}
                 # Slots that fall due meanwhile fire between the duties, not after all of them.
-                for duty in (self.trigger_datasets, self.drain_backfills, self.tick):
+                for duty in (self.trigger_datasets, self.drain_backfills, self.check_freshness, self.tick):
                     changes.update(duty())
                     fired = self.fire()
                 if any(changes.values()):

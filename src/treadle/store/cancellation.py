@@ -20,7 +20,14 @@ _ACTIVE = task_sources(UseCase.CANCEL, TaskState.CANCELLED)
 def active_instances(conn: Connection, *, run_id: str, task_ids: list[str] | None) -> list[ActiveInstance]:
     """Active task instances of a run (all, or the given tasks), locked for the cancel."""
     stmt = sa.select(
-        ti.c.id, ti.c.task_id, ti.c.state, ti.c.attempt, ti.c.worker_id, ti.c.hostname, ti.c.started_at
+        ti.c.id,
+        ti.c.task_id,
+        ti.c.state,
+        ti.c.attempt,
+        ti.c.worker_id,
+        ti.c.hostname,
+        ti.c.started_at,
+        ti.c.map_index,
     ).where(ti.c.run_id == run_id, ti.c.state.in_(_ACTIVE))
     if task_ids is not None:
         stmt = stmt.where(ti.c.task_id.in_(task_ids))

@@ -137,6 +137,9 @@ class Database:
         #: The outbox sinks the deployment delivers to ("webhook"); effects are written to the
         #: outbox only for these (none: nothing is written).
         self.outbox_sinks: tuple[str, ...] = ()
+        #: The OpenLineage namespace when lineage events are written to the outbox (a process
+        #: with TREADLE_OPENLINEAGE_URL or _FILE sets it); None: no lineage events.
+        self.lineage_namespace: str | None = None
 
     @property
     def is_sqlite(self) -> bool:

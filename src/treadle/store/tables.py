@@ -533,6 +533,21 @@ dataset_consumers = sa.Table(
 
 #: Side effects that leave the system (dataset events, dead-letter alerts), written in the
 #: transaction of the change that causes them and delivered by the leader's relay (0013).
+#: One row per freshness SLO miss alerted: a DAG's output stale since a given newest event;
+#: `key` is the sha256 of the three, so the leader alerts a miss once.
+freshness_alerts = sa.Table(
+    "freshness_alerts",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("dag_id", sa.String(250), nullable=False),
+    sa.Column("dataset", sa.String(500), nullable=False),
+    #: The newest event's time (ISO 8601) the miss is about.
+    sa.Column("period", sa.String(64), nullable=False),
+    sa.Column("alerted_at", UTCDateTime, nullable=False),
+    **MYSQL_OPTIONS,
+)
+
+
 outbox = sa.Table(
     "outbox",
     metadata,
