@@ -12,15 +12,22 @@ reach it. It stays single-threaded. It talks to the worker over a Unix SEQPACKET
 message per request or event, JSON; file descriptors travel alongside with SCM_RIGHTS):
 
     worker -> server  {"folder", "max_result_bytes", "file_limit_s", "skip", "sys_path"}  (first)
-    server -> worker  {"op": "importing", "file": PATH}  (before each file it imports)
     server -> worker  {"op": "ready"}  or  {"op": "failed", "error": "..."}
+    server -> worker  {"op": "importing", "file": PATH}  (before each file it imports)
+    server -> worker  {"op": "preloaded"}  (the whole folder is imported)
     worker -> server  {"op": "fork", "id": N, "skip": [...]}  + the child's end of its pipe
     server -> worker  {"op": "forked", "id": N, "pid": PID}
     server -> worker  {"op": "exited", "pid": PID, "status": WAITSTATUS}  (it reaps its children)
 
-Before each fork the server brings its imports up to date with the folder (files whose size or
-mtime changed are imported again, each within the time limit; files in the request's skip list
-are left out), so a fresh child starts with the current code. A child checks each attempt's
+The server says it is ready before it imports anything, then imports the folder one file at a
+time (each within the time limit), looking for requests between two files: a fork asked for
+meanwhile is served at once, with the files imported so far, and its child imports the one file
+an attempt needs when it needs it (DagCache.get with the DAG's file). So a worker starts its
+task processes and claims without waiting for the folder, however large, and children still
+share the imports of the files the server had. Once the folder is in, before each fork the
+server brings its imports up to date with the folder (files whose size or mtime changed are
+imported again; files in the request's skip list are left out), so a fresh child starts with
+the current code. A child checks each attempt's
 version hash anyway (DagCache), so even a child forked from older imports never runs stale code.
 
 The server ends when the worker's end of the socket closes (the worker ended or let it go).
@@ -35,6 +42,7 @@ import contextlib
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -81,6 +89,7 @@ def serve() -> None:
             file_limit_s=config["file_limit_s"],
             skip=config["skip"],
             on_file=lambda path: _send(ctl, {"op": "importing", "file": path}),
+            lazy=True,
         )
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -92,6 +101,11 @@ def serve() -> None:
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: _reap(ctl))
     _send(ctl, {"op": "ready"})
     while True:
+        if cache.preloading and not _readable(ctl):
+            cache.preload_next()  # one file, then look for requests again
+            if not cache.preloading:
+                _send(ctl, {"op": "preloaded"})
+            continue
         request, fds = _receive(ctl)
         if request is None:  # the worker is gone or let us go
             return
@@ -99,7 +113,13 @@ def serve() -> None:
             for fd in fds:
                 os.close(fd)
             continue
-        cache.refresh(request.get("skip") or ())
+        skip = frozenset(request.get("skip") or ())
+        if cache.preloading:
+            # Forked with what is imported so far: the child imports the file it needs itself.
+            cache.skip = skip
+            cache.pending = [path for path in cache.pending if path not in skip]
+        else:
+            cache.refresh(skip)
         gc.freeze()  # what exists now is shared: the children's collections never touch it
         sys.stdout.flush()
         sys.stderr.flush()
@@ -118,6 +138,11 @@ def serve() -> None:
                 os._exit(code)
         os.close(fds[0])
         _send(ctl, {"op": "forked", "id": request["id"], "pid": pid})
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether a message (or the end of the stream) waits on `sock`."""
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _reap(ctl: socket.socket) -> None:
@@ -179,6 +204,8 @@ class ServerProcess:
     #: Sending never holds `cond`: the reader must always be able to drain the socket.
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     ready: bool = False
+    #: Set once it imported the whole folder (it is ready, and forks, before that).
+    preloaded: bool = False
     #: Why it could not start, as it said so itself.
     failure: str | None = None
     replies: dict[int, int] = field(default_factory=dict)
@@ -211,6 +238,9 @@ class ServerProcess:
                         self.importing, self.importing_since = str(message["file"]), time.monotonic()
                     elif op == "ready":
                         self.ready = True
+                        self.importing = None
+                    elif op == "preloaded":
+                        self.preloaded = True
                         self.importing = None
                     elif op == "failed":
                         self.failure = str(message.get("error"))
