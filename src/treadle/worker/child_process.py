@@ -114,6 +114,15 @@ class SharedServer:
             return current
 
     @property
+    def importing(self) -> str | None:
+        """The DAG file the current server said it is importing (None: none, or no server)."""
+        current = self._current
+        if current is None:
+            return None
+        with current.cond:
+            return current.importing
+
+    @property
     def pid(self) -> int | None:
         """The current server's pid (None before the first start)."""
         current = self._current
