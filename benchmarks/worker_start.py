@@ -2,7 +2,8 @@
 
 A fresh PostgreSQL database, a DAG folder of `--files` generated files (each a small DAG, some
 importing json, decimal or csv) plus one fan-out DAG of `--concurrency` one-second tasks, whose
-run is triggered before the worker starts. Reports the wall time from launching the worker to
+run is triggered before the worker starts; `--slow-file-s` adds a file that takes that long to
+import. Reports the wall time from launching the worker to
 its first task's start (the database's `started_at`), to every slot running a task, and to the
 worker's row reading `running` (it reads `starting` until the worker can claim), and the
 start-up log lines' times. Prints one JSON object.
@@ -93,6 +94,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--files", type=int, default=200, help="generated DAG files")
     parser.add_argument("--concurrency", type=int, default=16, help="slots of the worker")
+    parser.add_argument(
+        "--slow-file-s",
+        type=float,
+        default=0.0,
+        help="add one DAG file that takes this long to import (sorted first in the folder)",
+    )
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for each step")
     args = parser.parse_args()
 
@@ -109,6 +116,10 @@ def main() -> None:
         for i in range(args.files):
             (folder / f"ws_{i:03d}.py").write_text(small_dag(i))
         (folder / "fanout.py").write_text(fanout_dag(args.concurrency))
+        if args.slow_file_s > 0:
+            (folder / "a_slow.py").write_text(
+                f"import time\n\ntime.sleep({args.slow_file_s})\n" + small_dag(999)
+            )
         env = treadle_env(database_url=url, dags_folder=folder, home=root / "home")
         logs = [root / "worker.log"]
         states: dict[str, float] = {}
@@ -143,7 +154,11 @@ def main() -> None:
         {
             "benchmark": "worker_start",
             "backend": "postgresql",
-            "settings": {"files": args.files, "concurrency": args.concurrency},
+            "settings": {
+                "files": args.files,
+                "concurrency": args.concurrency,
+                "slow_file_s": args.slow_file_s,
+            },
             "machine": machine(),
             "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "code": code,
