@@ -204,6 +204,10 @@ class Worker:
             self.stopping.set()
             for slot in self.slots:
                 slot.stop()
+            try:
+                touch_worker(self.db, self.worker_id, state="stopped")
+            except Exception:
+                log.exception("could not record the stop", extra={"event": "worker.stop_error"})
             raise failed
         log.info(
             "task processes started",
