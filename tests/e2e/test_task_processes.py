@@ -106,7 +106,13 @@ def imports(folder: Path, skip: Callable[[], list[str]] = list) -> ChildImports:
 
 
 def run(
-    child: ChildProcess, task_id: str, version: str, *args: Any, dag_id: str = "state", timeout: float = 60
+    child: ChildProcess,
+    task_id: str,
+    version: str,
+    *args: Any,
+    dag_id: str = "state",
+    timeout: float = 60,
+    fileloc: str = "",
 ) -> Message:
     """Send one attempt; its reply (EOFError if the child died)."""
     assert child.conn is not None
@@ -122,6 +128,7 @@ def run(
             "version_hash": version,
             "args": list(args),
             "kwargs": {},
+            "fileloc": fileloc,
         },
     )
     assert child.conn.poll(timeout), f"no reply to {task_id} within {timeout} s"
@@ -288,17 +295,26 @@ def test_a_fork_server_that_cannot_start_says_why(folder: Path, monkeypatch: pyt
 def test_a_fork_server_stuck_in_a_dag_file_is_replaced_by_one_that_skips_it(
     folder: Path, children: list[ChildProcess]
 ) -> None:
-    """A file that blocks the loader's signal holds its importer until it is killed."""
+    """A file that blocks the loader's signal holds the server's import of the folder until the
+    next fork request finds it stuck there: that server is killed, its successor skips the file.
+    The child forked before it runs its attempt, importing only the file its DAG comes from."""
     stuck = folder / "stuck.py"
     stuck.write_text(
         "import signal\n\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\nwhile True:\n    pass\n"
     )
     setup = ChildImports(folder=folder, max_result_bytes=1 << 20, file_limit_s=0.5, skip=list)
-    child = ChildProcess(setup)
-    children.append(child)
+    first = ChildProcess(setup)  # forked at once: the server imports nothing before its first forks
+    children.append(first)
     shared = child_process.server_for(setup)
-    assert shared is not None and shared.stuck == {str(stuck)}
-    assert run(child, "remember", version_hash(folder / "state.py"))["ok"]
+    assert shared is not None and shared.stuck == set()
+    wait_for(lambda: shared.importing == str(stuck), timeout=30, message="the server to reach stuck.py")
+    second = ChildProcess(setup)
+    children.append(second)
+    assert shared.stuck == {str(stuck)}
+    for child in (first, second):
+        assert run(child, "remember", version_hash(folder / "state.py"), fileloc=str(folder / "state.py"))[
+            "ok"
+        ]
 
 
 WORKER_STAND_IN = """

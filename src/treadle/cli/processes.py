@@ -18,6 +18,7 @@ from treadle.observability.hooks import NO_HOOKS
 from treadle.observability.logging import configure_logging
 from treadle.scheduler.loop import Scheduler
 from treadle.store.database import Database
+from treadle.worker.child_process import prestart
 from treadle.worker.worker import Worker
 
 if TYPE_CHECKING:
@@ -101,6 +102,9 @@ def worker_cmd(
     log_level: str,
 ) -> None:
     """Claim and run task attempts. SIGTERM drains (a second signal stops at once)."""
+    settings = ctx.settings
+    # The task processes' fork server starts while the worker sets itself up (Worker.start).
+    prestart(settings.dags_folder, settings.max_result_bytes, settings.dag_import_timeout_s)
     fields = configure_logging(log_level, log_format=ctx.settings.log_format)
     if prefetch is None:
         prefetch = default_prefetch(concurrency)

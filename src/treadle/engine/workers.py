@@ -18,8 +18,9 @@ def record_worker(
     queues: list[str],
     concurrency: int,
     prefetch: int = 0,
+    state: str = "running",
 ) -> None:
-    """Register a starting worker."""
+    """Register a worker (`starting` while it cannot claim yet)."""
 
     def work(conn: Connection) -> None:
         now = db_now(conn)
@@ -31,7 +32,7 @@ def record_worker(
                 pid=pid,
                 queues=tuple(queues),
                 concurrency=concurrency,
-                state="running",
+                state=state,
                 started_at=now,
                 last_heartbeat_at=now,
                 prefetch=prefetch,

@@ -48,6 +48,10 @@ class DagCache:
     from the current code; a child re-imports a file itself when an attempt's version differs.
     DAG files may import modules of the folder; when one of those changes, every DAG file is
     imported again (any of them may use it), with the module's current code.
+
+    A `lazy` cache imports nothing at first: the fork server imports the folder one file at a
+    time with `preload_next` between requests, and a child forked before it finished imports
+    the one file an attempt's DAG comes from when it needs it (`get` with the file's path).
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class DagCache:
         file_limit_s: float | None = None,
         skip: Collection[str] = (),
         on_file: Callable[[str], None] | None = None,
+        lazy: bool = False,
     ) -> None:
         self.folder = folder
         self.file_limit_s = file_limit_s
@@ -73,8 +78,15 @@ class DagCache:
         #: Every Python file of the folder as last refreshed (DAG files and their modules).
         self.signature: dict[str, tuple[int, int]] = {}
         self.modules = FolderModules(folder)
+        #: Files still to import ahead of need (`preload_next`); empty once the folder is in.
+        self.pending: list[str] = []
+        self.signature_at_start: dict[str, tuple[int, int]] = {}
         make_importable(folder)
-        self.reload_all()
+        if lazy:
+            self.signature_at_start = {p: (m, n) for p, m, n in folder_signature(folder)}
+            self.pending = [str(p) for p in dag_files(folder) if str(p) not in self.skip]
+        else:
+            self.reload_all()
 
     def _load(self, path: str) -> list[Dag]:
         self.file_hashes[path] = file_hash(path)
@@ -126,8 +138,58 @@ class DagCache:
         self.hashes = {k: d.structure().content_hash() for k, d in dags.items()}
         return imported
 
-    def get(self, dag_id: str, version_hash: str) -> Dag:
-        """Return the DAG, re-importing its file if the code on disk changed since it was loaded."""
+    @property
+    def preloading(self) -> bool:
+        """True while files of the folder are still to be imported ahead of need."""
+        return bool(self.pending)
+
+    def preload_next(self) -> None:
+        """Import the next file of the folder not imported yet; once none is left, bring the
+        cache up to date with the folder as `refresh` does (files changed meanwhile)."""
+        if self.pending:
+            path = self.pending.pop(0)
+            if path not in self.by_file and path not in self.skip:
+                stat = self.signature_at_start.get(path)
+                if self.on_file is not None:
+                    self.on_file(path)
+                self._add_file(path, self._load(path))
+                if stat is not None:
+                    self.stats[path] = stat
+        if not self.pending:
+            self.modules.note_imported(self.signature_at_start)
+            self.refresh(self.skip)
+
+    def _add_file(self, path: str, loaded: list[Dag]) -> None:
+        """Take the DAGs of one newly imported file (a DAG id defined twice: the first file in
+        path order keeps it)."""
+        self.by_file[path] = loaded
+        for d in loaded:
+            existing = self.dags.get(d.dag_id)
+            if existing is None or existing.fileloc == path or (existing.fileloc or "") > path:
+                self.dags[d.dag_id] = d
+                self.hashes[d.dag_id] = d.structure().content_hash()
+
+    def _in_folder(self, path: str) -> bool:
+        root = os.path.abspath(self.folder) + os.sep
+        return os.path.abspath(path).startswith(root) and os.path.isfile(path)
+
+    def get(self, dag_id: str, version_hash: str, fileloc: str = "") -> Dag:
+        """Return the DAG, re-importing its file if the code on disk changed since it was loaded.
+
+        `fileloc` is the file the DAG was registered from: a DAG this cache has not imported yet
+        (a lazy cache) is imported from there alone, not with the whole folder."""
+        if (
+            dag_id not in self.dags
+            and fileloc
+            and fileloc not in self.skip
+            and fileloc not in self.by_file
+            and self._in_folder(fileloc)
+        ):
+            before = {path: (mtime, size) for path, mtime, size in folder_signature(self.folder)}
+            self._add_file(fileloc, self._load(fileloc))
+            if fileloc in before:
+                self.stats[fileloc] = before[fileloc]
+            self.modules.note_imported(before)
         if self.hashes.get(dag_id) != version_hash:
             current = self.dags.get(dag_id)
             if current is not None and current.fileloc:
@@ -229,7 +291,7 @@ def run_task(
     """Run one task callable from the DAG folder (see call_task)."""
     roots = (str(cache.folder.resolve()), str(cache.folder))
     try:
-        dag = cache.get(msg["dag_id"], msg["version_hash"])
+        dag = cache.get(msg["dag_id"], msg["version_hash"], msg.get("fileloc") or "")
     except Exception as exc:
         return {"ok": False, **error_message(exc, user_roots=roots)}
     return call_task(
@@ -467,7 +529,7 @@ def _not_retryable(error_type: str, message: str) -> Message:
 def run_job_cancel(cache: DagCache, msg: Message) -> Message:
     """Run a submit-then-poll task's `cancel(handle)` for a cancelled or abandoned job."""
     try:
-        dag = cache.get(msg["dag_id"], msg["version_hash"])
+        dag = cache.get(msg["dag_id"], msg["version_hash"], msg.get("fileloc") or "")
         node = dag.tasks.get(msg["task_id"])
         job = deferred_of(node.fn) if node is not None else None
         if job is None:
@@ -487,7 +549,7 @@ def run_job_cancel(cache: DagCache, msg: Message) -> Message:
 def run_callback(cache: DagCache, msg: Message) -> Message:
     """Run an on_retry / on_dead_letter callback from the DAG folder (see call_callback)."""
     try:
-        dag = cache.get(msg["dag_id"], msg["version_hash"])
+        dag = cache.get(msg["dag_id"], msg["version_hash"], msg.get("fileloc") or "")
     except Exception as exc:
         return {"ok": False, "error": repr(exc)}
     return call_callback(dag, msg)

@@ -114,16 +114,33 @@ class SharedServer:
             return current
 
     @property
+    def importing(self) -> str | None:
+        """The DAG file the current server said it is importing (None: none, or no server)."""
+        current = self._current
+        if current is None:
+            return None
+        with current.cond:
+            return current.importing
+
+    @property
     def pid(self) -> int | None:
         """The current server's pid (None before the first start)."""
         current = self._current
         return None if current is None else current.proc.pid
 
     def close(self) -> None:
-        """Let the server go (it exits once its socket closes)."""
+        """Let the server go (it exits once its socket closes); one still importing the folder
+        is killed (a file stuck where no signal reaches would keep it from ever looking)."""
         with self._lock:
-            if self._current is not None:
-                self._current.close()
+            current = self._current
+            if current is None:
+                return
+            with current.cond:
+                preloaded = current.preloaded
+            if preloaded:
+                current.close()
+            else:
+                current.kill()
 
 
 _registry_lock = threading.Lock()

@@ -12,15 +12,23 @@ reach it. It stays single-threaded. It talks to the worker over a Unix SEQPACKET
 message per request or event, JSON; file descriptors travel alongside with SCM_RIGHTS):
 
     worker -> server  {"folder", "max_result_bytes", "file_limit_s", "skip", "sys_path"}  (first)
-    server -> worker  {"op": "importing", "file": PATH}  (before each file it imports)
     server -> worker  {"op": "ready"}  or  {"op": "failed", "error": "..."}
+    server -> worker  {"op": "importing", "file": PATH}  (before each file it imports)
+    server -> worker  {"op": "preloaded"}  (the whole folder is imported)
     worker -> server  {"op": "fork", "id": N, "skip": [...]}  + the child's end of its pipe
     server -> worker  {"op": "forked", "id": N, "pid": PID}
     server -> worker  {"op": "exited", "pid": PID, "status": WAITSTATUS}  (it reaps its children)
 
-Before each fork the server brings its imports up to date with the folder (files whose size or
-mtime changed are imported again, each within the time limit; files in the request's skip list
-are left out), so a fresh child starts with the current code. A child checks each attempt's
+The server says it is ready before it imports anything, then imports the folder one file at a
+time (each within the time limit), looking for requests between two files (it starts once no
+fork was asked for PRELOAD_QUIET_S, so a starting worker's slots never wait for a file): a fork
+asked for meanwhile is served before the next file, with the files imported so far, and its
+child imports the one file an attempt needs when it needs it (DagCache.get with the DAG's
+file). So a worker starts its task processes and claims without waiting for the folder, however
+large, and children still share the imports of the files the server had. Once the folder is
+in, before each fork the server brings its imports up to date with the folder (files whose size
+or mtime changed are imported again; files in the request's skip list are left out), so a fresh
+child starts with the current code. A child checks each attempt's
 version hash anyway (DagCache), so even a child forked from older imports never runs stale code.
 
 The server ends when the worker's end of the socket closes (the worker ended or let it go).
@@ -35,6 +43,7 @@ import contextlib
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -45,13 +54,21 @@ import traceback
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from treadle.worker.child import DagCache
 
 #: Largest control message (a fork request carries the skip list).
 MAX_MESSAGE = 1 << 20
 #: Seconds a file may take beyond its limit before the server counts as stuck in it (the
 #: loader's own signal ends a Python import at the limit).
 SLACK_S = 2.0
+
+#: Seconds without a fork request before the server imports the next file of the folder ahead
+#: of need, once it has forked a child; and before it has, since it became ready.
+PRELOAD_QUIET_S = 0.3
+PRELOAD_FIRST_WAIT_S = 2.0
 
 _BOOT = "from treadle.worker.forkserver import serve; serve()"
 
@@ -81,6 +98,7 @@ def serve() -> None:
             file_limit_s=config["file_limit_s"],
             skip=config["skip"],
             on_file=lambda path: _send(ctl, {"op": "importing", "file": path}),
+            lazy=True,
         )
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -91,15 +109,26 @@ def serve() -> None:
     # a file. A SEQPACKET message is sent whole, so its report never splits another message.
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: _reap(ctl))
     _send(ctl, {"op": "ready"})
+    forks, last_request = 0, time.monotonic()
     while True:
+        if cache.preloading:
+            # The first forks (a starting worker's slots) come before any file: a file that takes
+            # long to import would hold them. Then one file at a time, looking for requests between.
+            quiet_s = (PRELOAD_QUIET_S if forks else PRELOAD_FIRST_WAIT_S) - (time.monotonic() - last_request)
+            if not _readable(ctl, max(quiet_s, 0.0)):
+                cache.preload_next()
+                if not cache.preloading:
+                    _send(ctl, {"op": "preloaded"})
+                continue
         request, fds = _receive(ctl)
+        last_request = time.monotonic()
         if request is None:  # the worker is gone or let us go
             return
         if request.get("op") != "fork" or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
             continue
-        cache.refresh(request.get("skip") or ())
+        _bring_up_to_date(cache, frozenset(request.get("skip") or ()))
         gc.freeze()  # what exists now is shared: the children's collections never touch it
         sys.stdout.flush()
         sys.stderr.flush()
@@ -117,7 +146,23 @@ def serve() -> None:
             finally:
                 os._exit(code)
         os.close(fds[0])
+        forks += 1
         _send(ctl, {"op": "forked", "id": request["id"], "pid": pid})
+
+
+def _bring_up_to_date(cache: DagCache, skip: frozenset[str]) -> None:
+    """Before a fork: the folder's current code, but `skip`. While the folder is still being
+    imported, the child is forked with what is imported so far (it imports what it needs)."""
+    if cache.preloading:
+        cache.skip = skip
+        cache.pending = [path for path in cache.pending if path not in skip]
+    else:
+        cache.refresh(skip)
+
+
+def _readable(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether a message (or the end of the stream) waits on `sock`, within `timeout_s`."""
+    return bool(select.select([sock], [], [], timeout_s)[0])
 
 
 def _reap(ctl: socket.socket) -> None:
@@ -179,6 +224,8 @@ class ServerProcess:
     #: Sending never holds `cond`: the reader must always be able to drain the socket.
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     ready: bool = False
+    #: Set once it imported the whole folder (it is ready, and forks, before that).
+    preloaded: bool = False
     #: Why it could not start, as it said so itself.
     failure: str | None = None
     replies: dict[int, int] = field(default_factory=dict)
@@ -211,6 +258,9 @@ class ServerProcess:
                         self.importing, self.importing_since = str(message["file"]), time.monotonic()
                     elif op == "ready":
                         self.ready = True
+                        self.importing = None
+                    elif op == "preloaded":
+                        self.preloaded = True
                         self.importing = None
                     elif op == "failed":
                         self.failure = str(message.get("error"))

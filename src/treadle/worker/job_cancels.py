@@ -101,6 +101,7 @@ class JobCanceller(threading.Thread):
                     "dag_id": job.dag_id,
                     "task_id": job.task_id,
                     "version_hash": version.version_hash,
+                    "fileloc": version.structure.fileloc,
                     "handle": job.handle,
                 },
             )

@@ -99,6 +99,8 @@ def run_message(task: ClaimedTask, version: DagVersion) -> Message:
         "manifest": task.manifest,
         "upstream_results": task.upstream_results,
         "version_hash": version.version_hash,
+        # The file it comes from: a task process that has not imported it yet imports only it.
+        "fileloc": version.structure.fileloc,
         "args": [resolve(a) for a in definition.args],
         # A mapped instance's mapped argument is its element of the list.
         "kwargs": {

@@ -90,7 +90,12 @@ class Slot(threading.Thread):
         self.reschedule = reschedule
         #: Where attempts keep their logs and run files (None: no log files, temporary manifests).
         self.files = files
-        self.child = ChildProcess(imports)
+        self.imports = imports
+        #: Its task process, started by the slot's thread (slots start theirs in parallel).
+        self.child: ChildProcess
+        #: Set once the slot's task process started, or could not (`start_error` says why).
+        self.prepared = threading.Event()
+        self.start_error: BaseException | None = None
         self.pokes = Pokes(self)
         self.running: Running | None = None
         self._assigned = threading.Event()
@@ -158,7 +163,20 @@ class Slot(threading.Thread):
         """True while a finished attempt's outcome waits for the database to take it."""
         return self._holding.is_set()
 
+    def prepare(self) -> bool:
+        """Start the task process (in the slot's thread); False if it could not start."""
+        try:
+            self.child = ChildProcess(self.imports)
+        except BaseException as exc:
+            self.start_error = exc
+            return False
+        finally:
+            self.prepared.set()
+        return True
+
     def run(self) -> None:
+        if not self.prepare():
+            return
         self.on_idle(self)
         while not self._stopping.is_set():
             self._assigned.wait()

@@ -141,8 +141,10 @@ class Worker:
         #: DAG files that did not import within the limit: task processes do not import them.
         self.slow_files: frozenset[str] = frozenset()
         self.job_canceller: JobCanceller | None = None
-        #: Set once the DAG folder was read at start (readiness).
+        #: Set once the DAG folder was read and synced (readiness).
         self.dags_loaded = False
+        #: Set once its task processes are up and it claims (`starting` until then).
+        self.claiming = False
 
     def version(self, version_id: int) -> DagVersion:
         """Return a DAG version (cached)."""
@@ -152,12 +154,15 @@ class Worker:
         return self.db.query(lambda conn: version_of(self.db, conn, version_id))
 
     def start(self) -> None:
-        """Register DAGs and this worker, spawn the slots, start the helper threads."""
-        # The task processes' fork server imports the folder meanwhile (child_process.prestart).
+        """Register this worker (`starting`), start its slots' task processes in parallel, start
+        the helper threads, then record it `running`: it claims from then on.
+
+        Neither waits for the DAG folder: the fork server imports it file by file in the
+        background (a task process forked before it finished imports the file its attempt needs),
+        and the folder is synced with the registry by the refresh thread, first thing.
+        """
         settings = self.settings
         prestart(settings.dags_folder, settings.max_result_bytes, settings.dag_import_timeout_s)
-        self.refresh_dags()
-        self.dags_loaded = True
         record_worker(
             self.db,
             worker_id=self.worker_id,
@@ -166,7 +171,9 @@ class Worker:
             queues=self.queues,
             concurrency=self.concurrency,
             prefetch=self.prefetch,
+            state="starting",
         )
+        threading.Thread(target=self._refresh_loop, name="treadle-dag-refresh", daemon=True).start()
         for i in range(self.concurrency):
             slot = Slot(
                 i,
@@ -189,7 +196,28 @@ class Worker:
                 hooks=self.hooks,
             )
             self.slots.append(slot)
-            slot.start()
+            slot.start()  # its thread starts its task process, alongside the others
+        began = time.monotonic()
+        for slot in self.slots:
+            slot.prepared.wait()
+        failed = next((s.start_error for s in self.slots if s.start_error is not None), None)
+        if failed is not None:
+            self.stopping.set()
+            for slot in self.slots:
+                slot.stop()
+            try:
+                touch_worker(self.db, self.worker_id, state="stopped")
+            except Exception:
+                log.exception("could not record the stop", extra={"event": "worker.stop_error"})
+            raise failed
+        log.info(
+            "task processes started",
+            extra={
+                "event": "worker.slots_ready",
+                "slots": len(self.slots),
+                "duration_s": round(time.monotonic() - began, 3),
+            },
+        )
         # Owed cancels of submitted jobs (cancelled submit-then-poll tasks), in a process of their own.
         self.job_canceller = JobCanceller(
             db=self.db,
@@ -209,7 +237,6 @@ class Worker:
         self.job_canceller.start()
         threading.Thread(target=self._heartbeat_loop, name="treadle-heartbeat", daemon=True).start()
         threading.Thread(target=self._watchdog_loop, name="treadle-watchdog", daemon=True).start()
-        threading.Thread(target=self._refresh_loop, name="treadle-dag-refresh", daemon=True).start()
         if self.settings.retention_days > 0:
             threading.Thread(target=self._run_files_loop, name="treadle-run-files", daemon=True).start()
         if self.db.supports_wakeups:
@@ -220,6 +247,8 @@ class Worker:
                 daemon=True,
                 kwargs={"url": self.db.url, "handlers": handlers, "stop": self.closed},
             ).start()
+        self.claiming = True
+        touch_worker(self.db, self.worker_id, state="running")
         log.info(
             "worker started",
             extra={
@@ -623,11 +652,15 @@ class Worker:
     def _refresh_loop(self) -> None:
         """Re-register edited DAG files, in a thread of its own: the claim loop never waits on an
         import (each runs in a processor process, within its time limit)."""
-        while not self.stopping.wait(self.settings.dag_refresh_s):
+        while not self.stopping.is_set():
             try:
                 self.refresh_dags()
             except Exception:
                 log.exception("dag refresh failed", extra={"event": "dags.sync_error"})
+            else:
+                self.dags_loaded = True
+            if self.stopping.wait(self.settings.dag_refresh_s):
+                return
 
     def _run_files_loop(self) -> None:
         """Remove this host's files of runs that retention pruned (worker/run_files.py)."""
@@ -684,12 +717,19 @@ class Worker:
             touch_worker(
                 self.heartbeat_db,
                 self.worker_id,
-                state="stopping" if self.stopping.is_set() else "running",
+                state=self.state,
                 active=len(held) - waiting,
                 prefetched=waiting,
             )
         except Exception:
             log.exception("heartbeat failed", extra={"event": "worker.heartbeat_error"})
+
+    @property
+    def state(self) -> str:
+        """What the workers table says of it: starting (cannot claim yet), running, stopping."""
+        if self.stopping.is_set():
+            return "stopping"
+        return "running" if self.claiming else "starting"
 
     def _fenced_stop(self, task: ClaimedTask, silent_s: float) -> None:
         self.fenced.add(task, silent_s=silent_s)
