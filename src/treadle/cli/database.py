@@ -61,7 +61,7 @@ def _print_upgrade_sql(ctx: Context, from_revision: str | None) -> None:
     if from_revision is None:
         from_revision = migrate.current_revision(db)
         migrate.refuse_newer(from_revision)
-    ddl = migrate.upgrade_sql(db.engine.dialect.name, from_revision)
+    ddl = migrate.upgrade_sql(db.dialect, from_revision)
     if not ddl:
         click.echo(f"-- database already at revision {migrate.head_revision()}: nothing to apply")
         return
