@@ -11,6 +11,7 @@ and event time.
 from __future__ import annotations
 
 import threading
+from importlib.metadata import version as _version
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ from treadle.engine.lineage import SINK
 
 __all__ = ["PRODUCER", "SINK", "OpenLineageSink", "to_run_event"]
 
-#: The `producer` of every event: the software that made it.
-PRODUCER = "https://github.com/treadle/treadle"
+#: The `producer` of every event: the software that made it, with its version (a URN: a URI that
+#: names treadle without pointing at a host).
+PRODUCER = f"urn:treadle:{_version('treadle')}"
 
 
 def to_run_event(payload: dict[str, Any]) -> RunEvent:  # Any: the stored JSON
