@@ -32,6 +32,7 @@ from treadle.store import attempts as attempt_store
 from treadle.store import dialects
 from treadle.store import pokes as poke_store
 from treadle.store import runs as run_store
+from treadle.store import successes as success_store
 from treadle.store import task_instances as ti_store
 from treadle.store.database import Database, db_now
 
@@ -385,33 +386,31 @@ def _complete_in(
     if not items:
         return _Completed(endings=[])
     now = dialects.statement_clock(conn)
-    ended = ti_store.end_running_many(
-        conn,
-        held=[(t.task_instance_id, t.attempt) for t, _, _, _ in items],
-        new_state=TaskState.SUCCESS,
-        worker_id=worker_id,
-        now=now,
-    )
-    applied = []
-    for task, value, outlet_events, details in items:
-        ended_at = ended.get((task.task_instance_id, task.attempt))
-        if ended_at is None:
-            discard_late_report(conn, task, "success")
-        else:
-            applied.append(
-                _Applied(
-                    task=task, value=value, outlet_events=outlet_events, ended_at=ended_at, details=details
-                )
-            )
-    events = _record_successes(db, conn, applied, worker_id=worker_id, hostname=hostname)
-    lineage.attempts_ended(db, conn, [(a.task, a.ended_at) for a in applied], LineageEventType.COMPLETE)
-    increments, follow_ups, touched = _downstream_effects(db, conn, applied)
     readied_queues: set[str] = set()
-    readied = (
-        ti_store.count_upstream_successes(conn, increments=increments, now=now, queues=readied_queues)
-        if increments
-        else set()
-    )
+    if dialects.has_writable_ctes(conn):
+        # One round trip: end, attempt rows, results and downstream counters (store/successes.py).
+        recorded = _record_at_once(db, conn, items, worker_id=worker_id, hostname=hostname)
+        ended, readied, readied_queues = recorded.ended, recorded.readied_runs, recorded.readied_queues
+        applied = _applied(conn, items, ended)
+        events = _outlet_events(db, conn, applied)
+        follow_ups, touched = _follow_ups(db, conn, applied)
+    else:
+        ended = ti_store.end_running_many(
+            conn,
+            held=[(t.task_instance_id, t.attempt) for t, _, _, _ in items],
+            new_state=TaskState.SUCCESS,
+            worker_id=worker_id,
+            now=now,
+        )
+        applied = _applied(conn, items, ended)
+        events = _record_successes(db, conn, applied, worker_id=worker_id, hostname=hostname)
+        increments, follow_ups, touched = _downstream_effects(db, conn, applied)
+        readied = (
+            ti_store.count_upstream_successes(conn, increments=increments, now=now, queues=readied_queues)
+            if increments
+            else set()
+        )
+    lineage.attempts_ended(db, conn, [(a.task, a.ended_at) for a in applied], LineageEventType.COMPLETE)
     if follow_ups:  # trigger rules, branches, mapped tasks (engine/propagation.py)
         more = deliver(db, conn, follow_ups, now=now)
         readied |= more.runs
@@ -442,6 +441,71 @@ class _Applied:
     outlet_events: Mapping[str, OutletEvent]
     ended_at: datetime
     details: AttemptDetails = _NO_DETAILS
+
+
+def _applied(
+    conn: Connection, items: list[_Item], ended: Mapping[tuple[int, int], datetime]
+) -> list[_Applied]:
+    """The successes whose fenced end moved their row; the others' reports are discarded."""
+    applied = []
+    for task, value, outlet_events, details in items:
+        ended_at = ended.get((task.task_instance_id, task.attempt))
+        if ended_at is None:
+            discard_late_report(conn, task, "success")
+        else:
+            applied.append(
+                _Applied(
+                    task=task, value=value, outlet_events=outlet_events, ended_at=ended_at, details=details
+                )
+            )
+    return applied
+
+
+def _record_at_once(
+    db: Database, conn: Connection, items: list[_Item], *, worker_id: str, hostname: str
+) -> success_store.Recorded:
+    """Every success of `items` in one statement: the same rows `end_running_many`,
+    `_record_successes` and `count_upstream_successes` write, for the attempts still held."""
+    rows: list[success_store.SuccessRow] = []
+    edges: list[success_store.Edge] = []
+    for task, value, _, details in items:
+        rows.append(
+            success_store.SuccessRow(
+                task_instance_id=task.task_instance_id,
+                attempt=task.attempt,
+                run_id=task.run_id,
+                dag_id=task.dag_id,
+                task_id=task.task_id,
+                started_at=task.started_at,
+                exit_code=details.exit_code,
+                code_version=details.code_version,
+                outputs=details.outputs,
+                # Nothing to store for a first attempt's None: no earlier result to replace.
+                store=not (value is None and task.attempt == 1),
+                value=value,
+            )
+        )
+        plain, _ = after_success(version_of(db, conn, task.dag_version_id), task, value)
+        edges.extend(success_store.Edge(task.task_instance_id, task.attempt, task.run_id, d) for d in plain)
+    return success_store.record_successes(conn, rows, edges, worker_id=worker_id, hostname=hostname)
+
+
+def _outlet_events(db: Database, conn: Connection, applied: list[_Applied]) -> list[dict[str, Any]]:
+    """The dataset events of the applied successes' outlets (written last, see `_complete_in`)."""
+    events: list[dict[str, Any]] = []
+    for a in applied:
+        outlets = version_of(db, conn, a.task.dag_version_id).structure.tasks[a.task.task_id].outlets
+        if outlets:
+            events.extend(outlet_event_rows(db, conn, a.task, outlets, a.outlet_events, at=a.ended_at))
+    return events
+
+
+def _follow_ups(db: Database, conn: Connection, applied: list[_Applied]) -> tuple[list[FollowUp], set[str]]:
+    """What the applied successes lead to besides plain counters, and the runs they touched."""
+    follow_ups: list[FollowUp] = []
+    for a in applied:
+        follow_ups.extend(after_success(version_of(db, conn, a.task.dag_version_id), a.task, a.value)[1])
+    return follow_ups, {a.task.run_id for a in applied}
 
 
 def _record_successes(

@@ -151,6 +151,12 @@ def has_update_returning(conn: Connection) -> bool:
     return bool(conn.dialect.update_returning)
 
 
+def has_writable_ctes(conn: Connection) -> bool:
+    """True where one statement may hold several data-modifying CTEs (PostgreSQL): the hot path
+    then records a batch of successes in one round trip (store/successes.py)."""
+    return conn.dialect.name == "postgresql"
+
+
 def update_returning(
     conn: Connection, stmt: sa.Update, columns: Sequence[sa.ColumnElement[Any]], *, key: sa.Column[Any]
 ) -> list[sa.Row[Any]]:

@@ -324,7 +324,7 @@ class Worker:
                 continue
             delay = 0.25
             self._apply(cycle, successes, pokes, to_start, taken)
-            hungry = len(cycle.claimed) >= want > 0 or bool(successes) or bool(pokes)
+            hungry = len(cycle.claimed) >= want > 0
 
     def _cycle(
         self,
