@@ -77,7 +77,36 @@ def claim(
     """
     claimed: list[AttemptRow] = []
     excluded = Exclusions()
-    for _ in range(2):  # a second round looks past candidates that a full pool held back
+    for round_ in range(2):  # a second round looks past candidates that a full pool held back
+        if round_ == 0 and now is None and dialects.has_writable_ctes(conn):
+            # One round trip takes the unlimited candidates; limited ones are admitted below.
+            taken, candidates = _claim_at_once(
+                conn,
+                queues=queues,
+                limit=limit,
+                start=start,
+                worker_id=worker_id,
+                hostname=hostname,
+                lease_s=lease_s,
+            )
+            claimed.extend(taken)
+            started_already = sum(1 for r in taken if r.started_at is not None)
+            admitted = limits.admit(conn, candidates, excluded)
+            # Limited attempts are only claimed to start now (never buffered, see below).
+            claimed.extend(
+                _take(
+                    conn,
+                    admitted[: max(start - started_already, 0)],
+                    worker_id=worker_id,
+                    hostname=hostname,
+                    now=now,
+                    lease_s=lease_s,
+                    started=True,
+                )
+            )
+            if len(claimed) >= limit or len(admitted) == len(candidates):
+                break
+            continue
         candidates = _candidates(conn, queues=queues, limit=limit - len(claimed), skip=excluded)
         admitted = limits.admit(conn, candidates, excluded)
         # Moved to running before any next round, so that round's usage counts them.
@@ -103,6 +132,105 @@ def claim(
     if refused is not None:
         refused.update(excluded.refusals)
     return claimed
+
+
+def _claim_at_once_statement() -> sa.TextualSelect:
+    claimable = ", ".join(f"'{state}'" for state in task_sources(UseCase.CLAIM, TaskState.RUNNING))
+    at = "statement_timestamp()"
+    returned = ", ".join(f"t.{c.name}" for c in _TAKEN_COLUMNS)
+    # The limited candidates' rows carry their id and DAG id; the other attempt columns are NULL.
+    known = {"id": "n.id AS id", "dag_id": "n.dag_id AS dag_id"}
+    padding = ", ".join(known.get(c.name, f"NULL AS {c.name}") for c in _TAKEN_COLUMNS)
+    sql = f"""
+WITH c AS (
+    SELECT t.id, t.dag_id, t.pool, t.pool_slots, d.max_active_tasks AS dag_limit,
+           t.priority_weight, t.queued_at AS ready_at
+    FROM task_instances AS t LEFT OUTER JOIN dags AS d ON d.dag_id = t.dag_id
+    WHERE t.state = '{TaskState.QUEUED.value}' AND t.queue IN :queues
+    ORDER BY t.priority_weight DESC, t.queued_at, t.id
+    LIMIT :limit
+    FOR UPDATE OF t SKIP LOCKED
+),
+n AS (
+    SELECT c.*, row_number() OVER (ORDER BY c.priority_weight DESC, c.ready_at, c.id) AS rank
+    FROM c
+),
+u AS (
+    UPDATE task_instances AS t
+    SET state = '{TaskState.RUNNING.value}', attempt = t.attempt + 1, worker_id = :worker,
+        hostname = :host,
+        started_at = CASE WHEN n.rank <= :start THEN {at} END,
+        ended_at = NULL,
+        lease_expires_at = {at} + interval '1 second' * CAST(:lease AS DOUBLE PRECISION),
+        heartbeat_at = {at},
+        timeout_at = CASE WHEN n.rank <= :start THEN {at} + interval '1 second' * t.timeout_s END,
+        next_attempt_at = NULL, dispatch_deadline = NULL
+    FROM n
+    WHERE t.id = n.id AND n.pool IS NULL AND n.dag_limit IS NULL AND t.state IN ({claimable})
+    RETURNING n.rank, {returned}
+)
+SELECT 'taken' AS kind, u.rank, NULL AS pool, NULL AS pool_slots, NULL AS dag_limit,
+       {", ".join(f"u.{c.name}" for c in _TAKEN_COLUMNS)}
+FROM u
+UNION ALL
+SELECT 'limited', n.rank, n.pool, n.pool_slots, n.dag_limit, {padding}
+FROM n WHERE n.pool IS NOT NULL OR n.dag_limit IS NOT NULL
+ORDER BY 2
+"""
+    return (
+        sa.text(sql)
+        .bindparams(sa.bindparam("queues", expanding=True))
+        .columns(
+            sa.column("kind", sa.String()),
+            sa.column("rank", sa.Integer()),
+            sa.column("pool", sa.String()),
+            sa.column("pool_slots", sa.Integer()),
+            sa.column("dag_limit", sa.Integer()),
+            *(sa.column(c.name, c.type) for c in _TAKEN_COLUMNS),
+        )
+    )
+
+
+#: What a claim returns of each attempt it took (`_take` and `_claim_at_once`).
+_TAKEN_COLUMNS = (ti.c.started_at, ti.c.timeout_s, *_ATTEMPT_COLUMNS, *_CLAIM_COLUMNS)
+
+
+def _claim_at_once(
+    conn: Connection,
+    *,
+    queues: list[str],
+    limit: int,
+    start: int,
+    worker_id: str,
+    hostname: str,
+    lease_s: float,
+) -> tuple[list[AttemptRow], list[Candidate]]:
+    """The first claim round in one statement (where `dialects.has_writable_ctes`): lock up to
+    `limit` queued candidates in claim order, skipping locked ones, and move those without a
+    pool or DAG limit to running (the first `start` of the candidates started, the rest for the
+    buffer); returns them and the limited candidates, still locked, for `limits.admit`."""
+    stmt = dialects.built_once(conn, "claim at once", _claim_at_once_statement)
+    params = {
+        "queues": list(queues),
+        "limit": limit,
+        "start": start,
+        "worker": worker_id,
+        "host": hostname,
+        "lease": lease_s,
+    }
+    taken: list[AttemptRow] = []
+    limited: list[Candidate] = []
+    names = [c.name for c in _TAKEN_COLUMNS]
+    for r in conn.execute(stmt, params):
+        if r.kind == "taken":
+            taken.append(AttemptRow(**{n: r._mapping[n] for n in names}))
+        else:
+            limited.append(
+                Candidate(
+                    id=r.id, dag_id=r.dag_id, pool=r.pool, pool_slots=r.pool_slots, dag_limit=r.dag_limit
+                )
+            )
+    return taken, limited
 
 
 def _take_update(conn: Connection, *, started: bool, stamped: bool) -> sa.UpdateBase:
