@@ -12,6 +12,8 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
+from treadle.domain.alerts import AlertRule
+from treadle.domain.freshness import Deadline
 from treadle.domain.identifiers import is_dataset_name
 
 #: Longest text of a free-text contract field (purpose, failure impact).
@@ -53,6 +55,10 @@ class DagContract:
     manual_runs: bool = True
     #: Whether a backfill may run past intervals of it.
     backfills: bool = True
+    #: Each day, its outputs should have a new version by this deadline ("06:00 Asia/Jakarta").
+    published_by: str | None = None
+    #: Its alert rules (domain/alerts.py); a kind declared here replaces the deployment's.
+    alerts: tuple[AlertRule, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate every field; ValueError names the field and what it must be."""
@@ -69,6 +75,26 @@ class DagContract:
         for name in ("manual_runs", "backfills"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self._check_freshness_and_alerts()
+
+    def _check_freshness_and_alerts(self) -> None:
+        if self.published_by is not None:
+            if not isinstance(self.published_by, str):
+                raise ValueError(
+                    f"published_by must be text such as '06:00 Asia/Jakarta', got {self.published_by!r}"
+                )
+            object.__setattr__(self, "published_by", str(Deadline.parse(self.published_by)))
+        if isinstance(self.alerts, AlertRule) or not isinstance(self.alerts, tuple | list):
+            raise ValueError(f"alerts must be a list of Alert(...) rules, got {self.alerts!r}")
+        for rule in self.alerts:
+            if not isinstance(rule, AlertRule):
+                raise ValueError(f"alerts must hold Alert(...) rules, got {rule!r}")
+        object.__setattr__(self, "alerts", tuple(self.alerts))
+
+    @property
+    def deadline(self) -> Deadline | None:
+        """The "published by" deadline, parsed."""
+        return None if self.published_by is None else Deadline.parse(self.published_by)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form: only the fields that differ from their defaults."""
@@ -76,6 +102,9 @@ class DagContract:
         for f in fields(self):
             value = getattr(self, f.name)
             if value == f.default:
+                continue
+            if f.name == "alerts":
+                out["alerts"] = [rule.to_json() for rule in value]
                 continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
         if self.criticality is not None:
@@ -90,6 +119,8 @@ class DagContract:
         for name in ("inlets", "outlets"):
             if name in values:
                 values[name] = tuple(values[name])
+        if "alerts" in values:
+            values["alerts"] = tuple(AlertRule.from_json(r) for r in values["alerts"])
         return DagContract(**values)
 
     @property
