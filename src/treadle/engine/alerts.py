@@ -397,7 +397,7 @@ def _long_backfills(
                     f"and handled {b.handled} of {b.total} intervals"
                 ),
                 next_action=(
-                    f"`treadle backfill show {b.id}`; pause it (`treadle backfill pause {b.id}`) "
+                    f"`treadle backfills show {b.id}`; pause it (`treadle backfills pause {b.id}`) "
                     "if it competes with scheduled runs"
                 ),
                 facts={
