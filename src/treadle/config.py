@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from collections.abc import Mapping
@@ -225,11 +224,8 @@ class Settings:
                 "set one of TREADLE_OPENLINEAGE_URL and TREADLE_OPENLINEAGE_FILE, not both "
                 f"(got {self.openlineage_url!r} and {str(self.openlineage_file)!r})"
             )
-        if self.outbox_nats_url is not None and importlib.util.find_spec("nats") is None:
-            raise ConfigError(
-                "TREADLE_OUTBOX_NATS_URL is set, but the NATS client is not installed: "
-                "pip install 'treadle[nats]' (nats-py)"
-            )
+        if self.outbox_nats_url is not None:
+            _require_nats_client()
         if self.heartbeat_s * 3 > self.lease_s:
             raise ConfigError(
                 f"TREADLE_LEASE_SECONDS ({self.lease_s}) must be at least 3 x "
@@ -385,6 +381,17 @@ def parse_webhook_url(raw: str, *, name: str = "TREADLE_OUTBOX_WEBHOOK_URL") -> 
     if scheme.lower() not in ("http", "https") or not sep or not rest.split("/")[0]:
         raise ConfigError(f"{name} must be an http:// or https:// URL, got {raw!r}")
     return text
+
+
+def _require_nats_client() -> None:
+    """ConfigError naming the `nats` extra when nats-py cannot be imported."""
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "TREADLE_OUTBOX_NATS_URL is set, but the NATS client is not installed: "
+            "pip install 'treadle[nats]' (nats-py)"
+        ) from None
 
 
 def parse_nats_url(raw: str) -> str | None:
