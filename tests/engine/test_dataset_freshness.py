@@ -138,3 +138,40 @@ def test_the_leader_alerts_a_miss_once_with_the_contract(db_url: str) -> None:
         assert p["age_s"] > 20 * 365 * 86400 and p["next_action"]
     finally:
         runner.close()
+
+
+JAKARTA = Dataset("warehouse.jakarta_orders")
+
+
+@task(outlets=[JAKARTA])
+def load_orders() -> int:
+    return 1
+
+
+@dag(dag_id="jakarta_orders", owner="apac", published_by="06:00 Asia/Jakarta")
+def jakarta_orders() -> None:
+    load_orders()
+
+
+def test_datasets_freshness_shows_the_published_by_deadline(sqlite_url: str) -> None:
+    runner = DagRunner(jakarta_orders, database_url=sqlite_url)
+    try:
+        runner.run_until_done(runner.trigger())
+        now, (fresh,) = dataset_freshness(runner.db)
+        assert fresh.published_by == "06:00 Asia/Jakarta" and fresh.slo_s is None
+        assert fresh.deadline_at is not None and fresh.next_deadline_at is not None
+        assert fresh.deadline_at <= now < fresh.next_deadline_at
+        assert fresh.next_deadline_at - fresh.deadline_at == timedelta(days=1)  # Jakarta keeps no DST
+        assert fresh.met_deadline and fresh.within_slo
+        old = datetime(2000, 1, 1, tzinfo=UTC)
+        runner.db.transact(lambda conn: conn.execute(sa.update(datasets).values(last_event_at=old)))
+        (late,) = dataset_freshness(runner.db)[1]
+        assert late.met_deadline is False and not late.within_slo
+        env = {"TREADLE_DATABASE_URL": sqlite_url}
+        table = CliRunner().invoke(cli, ["datasets", "freshness"], env=env)
+        assert table.exit_code == 0, table.output
+        assert "06:00 Asia/Jakarta" in table.output and "LATE" in table.output
+        (row,) = json.loads(CliRunner().invoke(cli, ["datasets", "freshness", "--json"], env=env).output)
+        assert row["published_by"] == "06:00 Asia/Jakarta" and row["met_deadline"] is False
+    finally:
+        runner.close()
