@@ -42,7 +42,10 @@ CONTRACTED = """
         inlets=["raw.orders"],
         freshness_slo="26h",
         published_by="07:30 Asia/Singapore",
-        alerts=[Alert("consecutive_failures", count=2, severity="critical"), Alert("run_over_budget", budget="3h")],
+        alerts=[
+            Alert("consecutive_failures", count=2, severity="critical"),
+            Alert("run_over_budget", budget="3h"),
+        ],
         failure_impact="the finance dashboard shows stale numbers",
         runbook_url="https://wiki.example.com/runbooks/sales",
         manual_runs=False,
