@@ -5,11 +5,14 @@ backfill hold-back, the Slack body, and "published by" deadlines across daylight
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from treadle import Alert, Dataset, dag, task
+from treadle import Alert, Dataset, config_file, dag, task
+from treadle.config import Settings
 from treadle.domain.alerts import (
+    DEFAULT_SYSTEM_RULES,
     AlertKind,
     AlertRule,
     Disposition,
@@ -20,7 +23,7 @@ from treadle.domain.alerts import (
     slack_body,
 )
 from treadle.domain.freshness import Deadline, Output, misses
-from treadle.errors import DagDefinitionError
+from treadle.errors import ConfigError, DagDefinitionError
 
 NOW = datetime(2026, 12, 2, 5, 0, tzinfo=UTC)
 
@@ -175,3 +178,28 @@ def test_a_deadline_miss_is_once_per_period() -> None:
     assert same.key == missed.key  # one alert per missed period
     (next_day,) = misses([output], now=datetime(2026, 12, 3, 23, 30, tzinfo=UTC))
     assert next_day.key != missed.key
+
+
+def test_the_deployments_rules_from_treadle_toml(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "treadle.toml").write_text(
+        'alert_rules = ["dead_letter severity=critical", "run_over_budget budget=2h"]\n'
+        "alert_dedup_seconds = 60\n"
+        'ui_base_url = "https://treadle.example"\n'
+        'alert_slack_url = "https://hooks.slack.example/T1"\n'
+    )
+    settings = Settings.from_env(config_file.load({"TREADLE_HOME": str(home)}).env)
+    alerting = settings.alerting
+    assert [r.describe() for r in alerting.rules] == [
+        "dead_letter severity=critical",
+        "run_over_budget budget=7200s",
+    ]
+    assert alerting.dedup_s == 60 and alerting.ui_base_url == "https://treadle.example"
+    assert settings.outbox_sinks == ("slack",)
+    assert alerting.ui_url(dag_id="d", run_id="r 1", task_id="t", map_index=2) == (
+        "https://treadle.example/runs/r%201/tasks/t?map_index=2"
+    )
+    assert Settings.from_env({}).alerting.rules == DEFAULT_SYSTEM_RULES
+    with pytest.raises(ConfigError, match="TREADLE_ALERT_RULES: 'dead_letter loud': option 'loud'"):
+        Settings.from_env({"TREADLE_ALERT_RULES": "dead_letter loud"})
