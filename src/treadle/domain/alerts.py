@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
+from urllib.parse import quote
 
 from treadle.domain.durations import parse_duration
 from treadle.errors import InvalidRequest
@@ -440,16 +441,9 @@ def _option(key: str, value: str, where: str) -> dict[str, Any]:
     )
 
 
-def kinds_of(rules: Iterable[AlertRule]) -> frozenset[AlertKind]:
-    """The kinds some rule alerts on."""
-    return frozenset(r.kind for r in rules)
-
-
 def duration_s(value: object, what: str) -> float:
     """Seconds of a duration given as a timedelta, seconds, or text such as "2h"; ValueError
     naming `what` otherwise."""
-    from datetime import timedelta
-
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, str):
@@ -481,8 +475,6 @@ class Alerting:
         """The page of the run (its task's, when there is one), else the DAG's."""
         if self.ui_base_url is None:
             return None
-        from urllib.parse import quote
-
         base = self.ui_base_url.rstrip("/")
         if run_id is None:
             return f"{base}/dags/{quote(dag_id, safe='')}"

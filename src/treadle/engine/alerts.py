@@ -33,6 +33,7 @@ from treadle.domain.dag_version import DagStructure
 from treadle.domain.outbox import OutboxKind
 from treadle.domain.states import DeadLetterReason, RunState, RunType
 from treadle.engine.dags import version_of
+from treadle.engine.outbox import write_entries
 from treadle.engine.scheduling import LEADER_LEASE
 from treadle.errors import NotLeader
 from treadle.store import alerts as alert_store
@@ -86,8 +87,6 @@ def raise_alerts(
     """Apply the rules to `occurrences` in the caller's transaction; returns the alerts sent."""
     if not db.outbox_sinks or not occurrences:
         return 0
-    from treadle.engine.outbox import write_entries
-
     sent = 0
     for occurrence in occurrences:
         structure = structure_of(occurrence)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -49,8 +49,6 @@ def last_sent_at(conn: Connection, *, rule: str, subject: str) -> datetime | Non
     if isinstance(value, str):  # MAX() over a time column is text on SQLite
         value = datetime.fromisoformat(value)
     if isinstance(value, datetime) and value.tzinfo is None:
-        from datetime import UTC
-
         value = value.replace(tzinfo=UTC)
     return value if isinstance(value, datetime) else None
 
