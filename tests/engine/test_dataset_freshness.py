@@ -175,3 +175,49 @@ def test_datasets_freshness_shows_the_published_by_deadline(sqlite_url: str) -> 
         assert row["published_by"] == "06:00 Asia/Jakarta" and row["met_deadline"] is False
     finally:
         runner.close()
+
+
+ORDERS_RAW = Dataset("lake.orders_raw")
+ORDERS_MART = Dataset("mart.orders", published_by="07:00 Europe/Berlin")
+
+
+@task(outlets=[ORDERS_RAW, Dataset("mart.orders")])
+def build_orders() -> int:
+    return 1
+
+
+@dag(dag_id="orders_mart", owner="orders", freshness_slo="2h", outlets=[ORDERS_MART])
+def orders_mart() -> None:
+    build_orders()
+
+
+def test_a_dataset_declares_its_own_slo_which_replaces_the_dags(db_url: str) -> None:
+    runner = DagRunner(orders_mart, database_url=db_url)
+    db = runner.db
+    try:
+        runner.run_until_done(runner.trigger())
+        _, found = dataset_freshness(db)
+        by_name = {f.dataset: f for f in found}
+        assert (by_name["lake.orders_raw"].slo_s, by_name["lake.orders_raw"].published_by) == (7200, None)
+        assert (by_name["mart.orders"].slo_s, by_name["mart.orders"].published_by) == (
+            None,
+            "07:00 Europe/Berlin",
+        )
+        db.outbox_sinks = (SINK,)
+        leader = Leadership(db, holder="s1", lease_s=30)
+        assert leader.refresh() and leader.epoch is not None
+        old = datetime(2000, 1, 1, tzinfo=UTC)
+        db.transact(lambda conn: conn.execute(sa.update(datasets).values(last_event_at=old)))
+        assert check_freshness(db, holder="s1", epoch=leader.epoch) == 2
+        alerts = {
+            e.payload["dataset"]: e.payload
+            for e in outbox.list_entries(db)
+            if e.kind == OutboxKind.FRESHNESS_MISS
+        }
+        assert (
+            alerts["lake.orders_raw"]["slo_s"] == 7200 and alerts["lake.orders_raw"]["published_by"] is None
+        )
+        assert alerts["mart.orders"]["published_by"] == "07:00 Europe/Berlin"
+        assert alerts["mart.orders"]["slo_s"] is None  # the DAG's 2 h is replaced by the dataset's own
+    finally:
+        runner.close()

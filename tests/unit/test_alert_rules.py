@@ -203,3 +203,36 @@ def test_the_deployments_rules_from_treadle_toml(tmp_path: Path) -> None:
     assert Settings.from_env({}).alerting.rules == DEFAULT_SYSTEM_RULES
     with pytest.raises(ConfigError, match="TREADLE_ALERT_RULES: 'dead_letter loud': option 'loud'"):
         Settings.from_env({"TREADLE_ALERT_RULES": "dead_letter loud"})
+
+
+def test_a_datasets_own_slo_is_declared_where_the_dag_lists_its_outputs() -> None:
+    with pytest.raises(DagDefinitionError, match=r"dataset 'x\.y': freshness_slo"):
+        Dataset("x.y", freshness_slo="soon")
+    with pytest.raises(DagDefinitionError, match="unknown time zone"):
+        Dataset("x.y", published_by="06:00 Nowhere/City")
+    with pytest.raises(
+        DagDefinitionError, match=r"declare it where the DAG lists its outputs: @dag\(outlets="
+    ):
+
+        @task(outlets=[Dataset("x.y", freshness_slo="6h")])
+        def writes() -> None:
+            pass
+
+        @dag(dag_id="slo_on_a_task")
+        def slo_on_a_task() -> None:
+            writes()
+
+    @task(outlets=[Dataset("x.y")])
+    def plain() -> None:
+        pass
+
+    @dag(dag_id="own_slo", outlets=[Dataset("x.y", freshness_slo="6h", published_by="06:00 Asia/Jakarta")])
+    def own_slo() -> None:
+        plain()
+
+    contract = own_slo.structure().contract
+    assert contract.slos_of("x.y") == (6 * 3600, Deadline.parse("06:00 Asia/Jakarta"))
+    assert contract.to_json()["dataset_slos"] == [
+        {"dataset": "x.y", "freshness_slo_s": 21600.0, "published_by": "06:00 Asia/Jakarta"}
+    ]
+    assert type(contract).from_json(contract.to_json()) == contract

@@ -46,6 +46,9 @@ def build_contract(
             backfills=backfills,
             published_by=published_by,
             alerts=alerts,  # type: ignore[arg-type]  # a list is checked and made a tuple
+            dataset_slos=tuple(
+                slo for d in outlets if isinstance(d, Dataset) and (slo := d.slo()) is not None
+            ),
         )
     except ValueError as exc:
         raise DagDefinitionError(f"{where}: {exc}") from None

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from treadle.domain.alerts import AlertRule
-from treadle.domain.freshness import Deadline
+from treadle.domain.freshness import DatasetSlo, Deadline
 from treadle.domain.identifiers import is_dataset_name
 
 #: Longest text of a free-text contract field (purpose, failure impact).
@@ -59,6 +59,8 @@ class DagContract:
     published_by: str | None = None
     #: Its alert rules (domain/alerts.py); a kind declared here replaces the deployment's.
     alerts: tuple[AlertRule, ...] = ()
+    #: SLOs its outputs declare themselves (`Dataset(..., freshness_slo=, published_by=)`).
+    dataset_slos: tuple[DatasetSlo, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate every field; ValueError names the field and what it must be."""
@@ -90,11 +92,27 @@ class DagContract:
             if not isinstance(rule, AlertRule):
                 raise ValueError(f"alerts must hold Alert(...) rules, got {rule!r}")
         object.__setattr__(self, "alerts", tuple(self.alerts))
+        if not all(isinstance(d, DatasetSlo) for d in self.dataset_slos):
+            raise ValueError(f"dataset_slos must hold DatasetSlo objects, got {self.dataset_slos!r}")
+        object.__setattr__(self, "dataset_slos", tuple(self.dataset_slos))
 
     @property
     def deadline(self) -> Deadline | None:
         """The "published by" deadline, parsed."""
         return None if self.published_by is None else Deadline.parse(self.published_by)
+
+    @property
+    def has_freshness_slo(self) -> bool:
+        """True when the DAG or one of its outputs declares a freshness SLO."""
+        return self.freshness_slo_s is not None or self.published_by is not None or bool(self.dataset_slos)
+
+    def slos_of(self, dataset: str) -> tuple[float | None, Deadline | None]:
+        """The maximum age and the deadline that apply to one output: its own, else the DAG's."""
+        for own in self.dataset_slos:
+            if own.dataset == dataset:
+                deadline = None if own.published_by is None else Deadline.parse(own.published_by)
+                return own.freshness_slo_s, deadline
+        return self.freshness_slo_s, self.deadline
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form: only the fields that differ from their defaults."""
@@ -103,8 +121,8 @@ class DagContract:
             value = getattr(self, f.name)
             if value == f.default:
                 continue
-            if f.name == "alerts":
-                out["alerts"] = [rule.to_json() for rule in value]
+            if f.name in ("alerts", "dataset_slos"):
+                out[f.name] = [item.to_json() for item in value]
                 continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
         if self.criticality is not None:
@@ -121,6 +139,8 @@ class DagContract:
                 values[name] = tuple(values[name])
         if "alerts" in values:
             values["alerts"] = tuple(AlertRule.from_json(r) for r in values["alerts"])
+        if "dataset_slos" in values:
+            values["dataset_slos"] = tuple(DatasetSlo(**d) for d in values["dataset_slos"])
         return DagContract(**values)
 
     @property

@@ -16,6 +16,25 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DatasetSlo:
+    """The SLOs a dataset declares itself (they replace its DAG's for that output)."""
+
+    dataset: str
+    freshness_slo_s: float | None = None
+    #: "HH:MM <zone>".
+    published_by: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """The stored form."""
+        out: dict[str, object] = {"dataset": self.dataset}
+        if self.freshness_slo_s is not None:
+            out["freshness_slo_s"] = self.freshness_slo_s
+        if self.published_by is not None:
+            out["published_by"] = self.published_by
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Output:
     """One output of a DAG with a freshness SLO, as the leader reads it."""
 

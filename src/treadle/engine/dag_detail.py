@@ -59,13 +59,15 @@ def dag_detail(db: Database, dag_id: str, *, runs: int = 10) -> DagDetail:
         schedule = schedule_store.get(conn, dag_id)
         names = version.structure.outputs()
         newest = dataset_store.last_event_times(conn, names)
-        slo = version.structure.contract.freshness_slo_s
+        contract = version.structure.contract
         return DagDetail(
             dag=dag,
             version=version,
             last_fire_at=schedule.last_fire_at if schedule else None,
             next_fire_at=schedule.next_fire_at if schedule else None,
-            outputs=[_freshness(name, newest.get(name), slo_s=slo, now=now) for name in names],
+            outputs=[
+                _freshness(name, newest.get(name), slo_s=contract.slos_of(name)[0], now=now) for name in names
+            ],
             runs=runs_for_operators(db, conn, run_store.list_runs(conn, dag_id=dag_id, limit=runs)),
             now=now,
         )
@@ -107,8 +109,9 @@ def dataset_freshness(db: Database) -> tuple[datetime, list[DatasetFreshness]]:
         wanted = [
             (structure, name)
             for structure in dataset_store.latest_structures(conn)
-            if structure.contract.freshness_slo_s is not None or structure.contract.published_by is not None
+            if structure.contract.has_freshness_slo
             for name in structure.outputs()
+            if structure.contract.slos_of(name) != (None, None)
         ]
         newest = dataset_store.last_event_times(conn, sorted({name for _, name in wanted}))
         found = [_dataset_freshness(structure, name, newest.get(name), now=now) for structure, name in wanted]
@@ -121,8 +124,8 @@ def _dataset_freshness(
     structure: DagStructure, name: str, last: datetime | None, *, now: datetime
 ) -> DatasetFreshness:
     contract = structure.contract
-    f = _freshness(name, last, slo_s=contract.freshness_slo_s, now=now)
-    deadline = contract.deadline
+    slo_s, deadline = contract.slos_of(name)
+    f = _freshness(name, last, slo_s=slo_s, now=now)
     due = next_due = met = None
     if deadline is not None:
         due, next_due = deadline.latest_at_or_before(now), deadline.next_after(now)
@@ -132,11 +135,11 @@ def _dataset_freshness(
         dataset=name,
         dag_id=structure.dag_id,
         owner=structure.owner,
-        slo_s=contract.freshness_slo_s,
+        slo_s=slo_s,
         last_event_at=f.last_event_at,
         age_s=f.age_s,
         within_slo=within,
-        published_by=contract.published_by,
+        published_by=None if deadline is None else str(deadline),
         deadline_at=due,
         next_deadline_at=next_due,
         met_deadline=met,

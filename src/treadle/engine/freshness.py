@@ -30,7 +30,7 @@ def miss_payload(miss: Miss, structure: DagStructure, *, at: str, last_event_at:
         "dag_id": miss.dag_id,
         "dataset": miss.dataset,
         "slo_s": miss.slo_s,
-        "published_by": contract.published_by if miss.deadline_at is not None else None,
+        "published_by": _published_by(structure, miss) if miss.deadline_at is not None else None,
         "deadline_at": miss.deadline_at,
         "age_s": round(miss.age_s, 3),
         "last_event_at": last_event_at,
@@ -74,22 +74,24 @@ def check_freshness(db: Database, *, holder: str, epoch: int) -> int:
         if not leases.hold(conn, LEADER_LEASE, holder=holder, epoch=epoch, now=now):
             raise NotLeader(holder=holder, epoch=epoch)
         structures = {
-            s.dag_id: s
-            for s in dataset_store.latest_structures(conn)
-            if s.contract.freshness_slo_s is not None or s.contract.published_by is not None
+            s.dag_id: s for s in dataset_store.latest_structures(conn) if s.contract.has_freshness_slo
         }
         wanted = [(s, name) for s in structures.values() for name in s.outputs()]
         newest = dataset_store.last_event_times(conn, [name for _, name in wanted])
-        outputs = [
-            Output(
-                dag_id=s.dag_id,
-                dataset=name,
-                slo_s=s.contract.freshness_slo_s,
-                last_event_at=newest.get(name),
-                deadline=s.contract.deadline,
+        outputs = []
+        for s, name in wanted:
+            slo_s, deadline = s.contract.slos_of(name)
+            if slo_s is None and deadline is None:
+                continue
+            outputs.append(
+                Output(
+                    dag_id=s.dag_id,
+                    dataset=name,
+                    slo_s=slo_s,
+                    last_event_at=newest.get(name),
+                    deadline=deadline,
+                )
             )
-            for s, name in wanted
-        ]
         found = [
             _occurrence(m, structures[m.dag_id], at=now.isoformat(), last_event_at=_last(m, newest))
             for m in misses(outputs, now=now)
@@ -105,3 +107,8 @@ def check_freshness(db: Database, *, holder: str, epoch: int) -> int:
 def _last(miss: Miss, newest: dict[str, datetime]) -> str:
     last = newest.get(miss.dataset)
     return "" if last is None else last.isoformat()
+
+
+def _published_by(structure: DagStructure, miss: Miss) -> str:
+    deadline = structure.contract.slos_of(miss.dataset)[1]
+    return "" if deadline is None else str(deadline)
