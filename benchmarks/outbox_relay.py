@@ -1,4 +1,6 @@
-"""Outbox relay throughput: events delivered per second to a local webhook receiver.
+"""Outbox relay throughput: events delivered per second to a local webhook receiver (or, with
+`--sink nats`, published to the local NATS server at 127.0.0.1:4222, acknowledged by a flush,
+counted by a subscriber).
 
 A fresh PostgreSQL database gets `--events` pending outbox entries (dataset events); this process
 takes the leader lease and runs the relay's rounds (claim 200, post 16 at a time over kept-alive
@@ -10,14 +12,17 @@ deliveries it got. Prints one JSON object; target: at least 1,000 events/s.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing
+import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from _common import emit, machine, pg_database
 
-from treadle.delivery.relay import OutboxRelay
+from treadle.delivery.relay import OutboxRelay, Sink
 from treadle.delivery.webhook import SINK, WebhookSink
 from treadle.domain.outbox import DeliveryPolicy, OutboxKind, OutboxState
 from treadle.engine.leadership import Leadership
@@ -50,11 +55,39 @@ def serve(port_out: Any, counter: Any) -> None:  # Any: multiprocessing proxies
     httpd.serve_forever()
 
 
+class NatsCounter:
+    """Counts the messages published under `prefix` (a subscriber on its own loop thread)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.value = 0
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(prefix), self.loop).result(timeout=30)
+
+    async def _start(self, prefix: str) -> None:
+        import nats
+
+        self.client = await nats.connect("nats://127.0.0.1:4222")
+
+        async def take(msg: Any) -> None:
+            self.value += 1
+
+        await self.client.subscribe(f"{prefix}.>", cb=take)
+        await self.client.flush()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
 def main() -> None:
     """Fill the outbox, drain it through the relay, print the rate."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=5000, help="outbox entries to deliver")
+    parser.add_argument("--sink", choices=["webhook", "nats"], default="webhook")
     args = parser.parse_args()
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    nats_counter = NatsCounter(prefix) if args.sink == "nats" else None
     ports: Any = multiprocessing.Queue()
     counter: Any = multiprocessing.Value("i", 0)
     receiver = multiprocessing.Process(target=serve, args=(ports, counter), daemon=True)
@@ -69,14 +102,20 @@ def main() -> None:
                 lambda conn: outbox_store.enqueue(
                     conn,
                     kind=OutboxKind.DATASET_PUBLISHED.value,
-                    sink=SINK,
+                    sink=SINK,  # one sink: the relay hands every entry to it
                     payloads=payloads,
                     now=db_now(conn),
                 )
             )
             leader = Leadership(db, holder="bench", lease_s=60)
             assert leader.refresh()
-            sink = WebhookSink(f"http://127.0.0.1:{port}/hook", secret="bench-secret", ack_s=10)
+            sink: Sink
+            if args.sink == "nats":
+                from treadle.delivery.nats import NatsSink
+
+                sink = NatsSink("nats://127.0.0.1:4222", prefix=prefix, jetstream=False, ack_s=10)
+            else:
+                sink = WebhookSink(f"http://127.0.0.1:{port}/hook", secret="bench-secret", ack_s=10)
             relay = OutboxRelay(db, leader, sink, policy=DeliveryPolicy(), ack_s=10)
             began = time.perf_counter()
             rounds = 0
@@ -91,6 +130,11 @@ def main() -> None:
             db.dispose()
     finally:
         receiver.terminate()
+    if nats_counter is not None:
+        deadline = time.monotonic() + 30
+        while nats_counter.value < args.events and time.monotonic() < deadline:
+            time.sleep(0.05)
+        nats_counter.close()
     rate = round(args.events / elapsed, 1)
     emit(
         {
@@ -102,7 +146,8 @@ def main() -> None:
             "seconds": round(elapsed, 3),
             "rounds": rounds,
             "delivered_rows": delivered,
-            "received_by_webhook": counter.value,
+            "sink": args.sink,
+            "received": counter.value if nats_counter is None else nats_counter.value,
             "target": {"events_per_s_at_least": 1000},
             "meets_target": rate >= 1000,
         }

@@ -1,7 +1,8 @@
 """treadle: workflow orchestrator and distributed job scheduler.
 
 The public authoring API: `dag`, `task` (and `task.branch`, `task.command`), `CommandTask`,
-`Param`, `ParamRule`, `Dataset`, the `TaskContext` a task receives, the outcomes a task raises
+`Param`, `ParamRule`, `Dataset`, `Alert` (alert rules), the `TaskContext` a task receives, the
+outcomes a task raises
 (`Retryable`, `NonRetryable`, `UnknownCommit`), `ExitContract`, quality gates (`quality_gate`,
 `Check`), sensors (`sensor`, `Waiting`, `Ready`) and submit-then-poll tasks (`Deferred`,
 `PollResult`).
@@ -13,6 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from treadle.authoring.alerts import Alert
     from treadle.authoring.commands import CommandTask
     from treadle.authoring.context import TaskContext
     from treadle.authoring.datasets import Dataset
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 #: Public name -> the module defining it. Imported on first use (PEP 562), so that processes
 #: which never author DAGs (the CLI's read commands, the API) do not pay for jsonschema & co.
 _EXPORTS: dict[str, str] = {
+    "Alert": "treadle.authoring.alerts",
     "Check": "treadle.authoring.quality",
     "CommandTask": "treadle.authoring.commands",
     "Dag": "treadle.authoring.specs",
@@ -50,6 +53,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "Alert",
     "Check",
     "CommandTask",
     "Dag",

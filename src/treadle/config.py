@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from treadle.domain.admission import AdmissionLimits
+from treadle.domain.alerts import DEFAULT_DEDUP_S, DEFAULT_SYSTEM_RULES, Alerting, AlertRule, parse_rules
 from treadle.domain.commands import parse_allowlist
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
@@ -98,11 +99,42 @@ class Settings:
     openlineage_file: Path | None = None
     #: The OpenLineage namespace of treadle's jobs.
     openlineage_namespace: str = "treadle"
+    #: NATS server(s) the relay publishes dataset events and alerts to (the `nats` extra).
+    outbox_nats_url: str | None = None
+    #: The first token(s) of every subject: `<prefix>.dataset.<name>`, `<prefix>.alert.<kind>.<dag>`.
+    outbox_nats_subject_prefix: str = "treadle"
+    #: Publish through JetStream and take its PubAck as the acknowledgement (else a flush).
+    outbox_nats_jetstream: bool = False
+    #: A Slack incoming-webhook URL (or any receiver of Slack's body) that gets the alerts.
+    alert_slack_url: str | None = None
+    #: The deployment's alert rules (None: dead_letter and freshness_miss).
+    alert_rules: tuple[AlertRule, ...] | None = None
+    #: Repeats of one rule about one subject within this window are recorded, not sent.
+    alert_dedup_s: float = DEFAULT_DEDUP_S
+    #: Seconds between the leader's checks of lasting states (and freshness).
+    alert_check_s: float = 30.0
+    #: The web UI's address, for the links in alerts.
+    ui_base_url: str | None = None
 
     @property
     def outbox_sinks(self) -> tuple[str, ...]:
-        """The sinks effects are written for (the webhook when it is configured)."""
-        return ("webhook",) if self.outbox_webhook_url else ()
+        """The sinks effects are written for: the webhook, NATS and Slack, those configured."""
+        configured = (
+            ("webhook", self.outbox_webhook_url),
+            ("nats", self.outbox_nats_url),
+            ("slack", self.alert_slack_url),
+        )
+        return tuple(sink for sink, where in configured if where)
+
+    @property
+    def alerting(self) -> Alerting:
+        """The deployment's alert rules, window and UI address."""
+        return Alerting(
+            rules=DEFAULT_SYSTEM_RULES if self.alert_rules is None else self.alert_rules,
+            dedup_s=self.alert_dedup_s,
+            check_s=self.alert_check_s,
+            ui_base_url=self.ui_base_url,
+        )
 
     @property
     def lineage_namespace(self) -> str | None:
@@ -157,6 +189,18 @@ class Settings:
             ),
             openlineage_file=parse_lineage_file(env.get("TREADLE_OPENLINEAGE_FILE", "")),
             openlineage_namespace=parse_namespace(env.get("TREADLE_OPENLINEAGE_NAMESPACE", "")),
+            outbox_nats_url=parse_nats_url(env.get("TREADLE_OUTBOX_NATS_URL", "")),
+            outbox_nats_subject_prefix=parse_subject_prefix(
+                env.get("TREADLE_OUTBOX_NATS_SUBJECT_PREFIX", "")
+            ),
+            outbox_nats_jetstream=parse_flag(
+                env.get("TREADLE_OUTBOX_NATS_JETSTREAM", ""), "TREADLE_OUTBOX_NATS_JETSTREAM"
+            ),
+            alert_slack_url=parse_webhook_url(
+                env.get("TREADLE_ALERT_SLACK_URL", ""), name="TREADLE_ALERT_SLACK_URL"
+            ),
+            alert_rules=parse_alert_rules(env.get("TREADLE_ALERT_RULES", "")),
+            ui_base_url=parse_webhook_url(env.get("TREADLE_UI_BASE_URL", ""), name="TREADLE_UI_BASE_URL"),
             **numbers,
         )
         settings.validate()
@@ -180,6 +224,8 @@ class Settings:
                 "set one of TREADLE_OPENLINEAGE_URL and TREADLE_OPENLINEAGE_FILE, not both "
                 f"(got {self.openlineage_url!r} and {str(self.openlineage_file)!r})"
             )
+        if self.outbox_nats_url is not None:
+            _require_nats_client()
         if self.heartbeat_s * 3 > self.lease_s:
             raise ConfigError(
                 f"TREADLE_LEASE_SECONDS ({self.lease_s}) must be at least 3 x "
@@ -279,6 +325,8 @@ NUMERIC_SETTINGS: tuple[NumericSetting, ...] = (
     ),
     _spec("TREADLE_OUTBOX_MAX_ATTEMPTS", "outbox_max_attempts", 1, 1000, "deliveries", is_integer=True),
     _spec("TREADLE_OUTBOX_ACK_SECONDS", "outbox_ack_s", 0.1, 300),
+    _spec("TREADLE_ALERT_DEDUP_SECONDS", "alert_dedup_s", 0, 366 * DAY_S, note="0: every repeat is sent"),
+    _spec("TREADLE_ALERT_CHECK_SECONDS", "alert_check_s", 0.5, 3600),
 )
 
 
@@ -333,6 +381,61 @@ def parse_webhook_url(raw: str, *, name: str = "TREADLE_OUTBOX_WEBHOOK_URL") -> 
     if scheme.lower() not in ("http", "https") or not sep or not rest.split("/")[0]:
         raise ConfigError(f"{name} must be an http:// or https:// URL, got {raw!r}")
     return text
+
+
+def _require_nats_client() -> None:
+    """ConfigError naming the `nats` extra when nats-py cannot be imported."""
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "TREADLE_OUTBOX_NATS_URL is set, but the NATS client is not installed: "
+            "pip install 'treadle[nats]' (nats-py)"
+        ) from None
+
+
+def parse_nats_url(raw: str) -> str | None:
+    """TREADLE_OUTBOX_NATS_URL: nats:// (or tls://) URLs, comma-separated; empty: none."""
+    text = raw.strip()
+    if not text:
+        return None
+    for url in (u.strip() for u in text.split(",")):
+        scheme, sep, rest = url.partition("://")
+        if scheme.lower() not in ("nats", "tls") or not sep or not rest.split("/")[0]:
+            raise ConfigError(f"TREADLE_OUTBOX_NATS_URL must be nats:// or tls:// URLs, got {raw!r}")
+    return text
+
+
+def parse_subject_prefix(raw: str) -> str:
+    """TREADLE_OUTBOX_NATS_SUBJECT_PREFIX: subject tokens without wildcards or blanks."""
+    text = raw.strip() or "treadle"
+    tokens = text.split(".")
+    if any(not t or any(c in t for c in "*> \t") for t in tokens) or len(text) > 200:
+        raise ConfigError(
+            "TREADLE_OUTBOX_NATS_SUBJECT_PREFIX must be NATS subject tokens separated by dots, "
+            f"without *, > or blanks (e.g. treadle or prod.treadle), got {raw!r}"
+        )
+    return text
+
+
+def parse_flag(raw: str, name: str) -> bool:
+    """A true/false setting (1/0, yes/no, on/off); empty: false."""
+    text = raw.strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def parse_alert_rules(raw: str) -> tuple[AlertRule, ...] | None:
+    """TREADLE_ALERT_RULES (domain/alerts.parse_rules); empty: the default rules."""
+    if not raw.strip():
+        return None
+    try:
+        return parse_rules(raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_lineage_file(raw: str) -> Path | None:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 CONTRACTED = """
     from __future__ import annotations
 
-    from treadle import Dataset, Param, ParamRule, dag, task
+    from treadle import Alert, Dataset, Param, ParamRule, dag, task
 
 
     @task(outlets=[Dataset("warehouse.sales_daily")], pool="warehouse", retries=2)
@@ -41,6 +41,11 @@ CONTRACTED = """
         criticality="high",
         inlets=["raw.orders"],
         freshness_slo="26h",
+        published_by="07:30 Asia/Singapore",
+        alerts=[
+            Alert("consecutive_failures", count=2, severity="critical"),
+            Alert("run_over_budget", budget="3h"),
+        ],
         failure_impact="the finance dashboard shows stale numbers",
         runbook_url="https://wiki.example.com/runbooks/sales",
         manual_runs=False,
@@ -99,6 +104,11 @@ def test_dags_show_prints_the_contract_and_a_refused_trigger_says_why(
         {"name": "warehouse.sales_daily", "last_event_at": None, "age_s": None, "within_slo": False}
     ]
     assert contract["freshness_slo_s"] == 26 * 3600
+    assert contract["published_by"] == "07:30 Asia/Singapore"
+    assert contract["alerts"] == [
+        {"kind": "consecutive_failures", "count": 2, "severity": "critical"},
+        {"kind": "run_over_budget", "budget_s": 10800.0},
+    ]
     assert contract["manual_runs"] is False and contract["backfills"] is True
     assert contract["runbook_url"] == "https://wiki.example.com/runbooks/sales"
     schedule = shown["schedule"]
@@ -124,6 +134,8 @@ def test_dags_show_prints_the_contract_and_a_refused_trigger_says_why(
     for expected in (
         "Daily sales numbers for finance",
         "refused (manual_runs=False)",
+        "07:30 Asia/Singapore",
+        "consecutive_failures severity=critical count=2; run_over_budget budget=10800s",
         "https://wiki.example.com/runbooks/sales",
         "STALE (no event yet)",
         "At 02:00 every day, Asia/Singapore time",

@@ -138,3 +138,86 @@ def test_the_leader_alerts_a_miss_once_with_the_contract(db_url: str) -> None:
         assert p["age_s"] > 20 * 365 * 86400 and p["next_action"]
     finally:
         runner.close()
+
+
+JAKARTA = Dataset("warehouse.jakarta_orders")
+
+
+@task(outlets=[JAKARTA])
+def load_orders() -> int:
+    return 1
+
+
+@dag(dag_id="jakarta_orders", owner="apac", published_by="06:00 Asia/Jakarta")
+def jakarta_orders() -> None:
+    load_orders()
+
+
+def test_datasets_freshness_shows_the_published_by_deadline(sqlite_url: str) -> None:
+    runner = DagRunner(jakarta_orders, database_url=sqlite_url)
+    try:
+        runner.run_until_done(runner.trigger())
+        now, (fresh,) = dataset_freshness(runner.db)
+        assert fresh.published_by == "06:00 Asia/Jakarta" and fresh.slo_s is None
+        assert fresh.deadline_at is not None and fresh.next_deadline_at is not None
+        assert fresh.deadline_at <= now < fresh.next_deadline_at
+        assert fresh.next_deadline_at - fresh.deadline_at == timedelta(days=1)  # Jakarta keeps no DST
+        assert fresh.met_deadline and fresh.within_slo
+        old = datetime(2000, 1, 1, tzinfo=UTC)
+        runner.db.transact(lambda conn: conn.execute(sa.update(datasets).values(last_event_at=old)))
+        (late,) = dataset_freshness(runner.db)[1]
+        assert late.met_deadline is False and not late.within_slo
+        env = {"TREADLE_DATABASE_URL": sqlite_url}
+        table = CliRunner().invoke(cli, ["datasets", "freshness"], env=env)
+        assert table.exit_code == 0, table.output
+        assert "06:00 Asia/Jakarta" in table.output and "LATE" in table.output
+        (row,) = json.loads(CliRunner().invoke(cli, ["datasets", "freshness", "--json"], env=env).output)
+        assert row["published_by"] == "06:00 Asia/Jakarta" and row["met_deadline"] is False
+    finally:
+        runner.close()
+
+
+ORDERS_RAW = Dataset("lake.orders_raw")
+ORDERS_MART = Dataset("mart.orders", published_by="07:00 Europe/Berlin")
+
+
+@task(outlets=[ORDERS_RAW, Dataset("mart.orders")])
+def build_orders() -> int:
+    return 1
+
+
+@dag(dag_id="orders_mart", owner="orders", freshness_slo="2h", outlets=[ORDERS_MART])
+def orders_mart() -> None:
+    build_orders()
+
+
+def test_a_dataset_declares_its_own_slo_which_replaces_the_dags(db_url: str) -> None:
+    runner = DagRunner(orders_mart, database_url=db_url)
+    db = runner.db
+    try:
+        runner.run_until_done(runner.trigger())
+        _, found = dataset_freshness(db)
+        by_name = {f.dataset: f for f in found}
+        assert (by_name["lake.orders_raw"].slo_s, by_name["lake.orders_raw"].published_by) == (7200, None)
+        assert (by_name["mart.orders"].slo_s, by_name["mart.orders"].published_by) == (
+            None,
+            "07:00 Europe/Berlin",
+        )
+        db.outbox_sinks = (SINK,)
+        leader = Leadership(db, holder="s1", lease_s=30)
+        assert leader.refresh() and leader.epoch is not None
+        old = datetime(2000, 1, 1, tzinfo=UTC)
+        db.transact(lambda conn: conn.execute(sa.update(datasets).values(last_event_at=old)))
+        assert check_freshness(db, holder="s1", epoch=leader.epoch) == 2
+        alerts = {
+            e.payload["dataset"]: e.payload
+            for e in outbox.list_entries(db)
+            if e.kind == OutboxKind.FRESHNESS_MISS
+        }
+        assert (
+            alerts["lake.orders_raw"]["slo_s"] == 7200 and alerts["lake.orders_raw"]["published_by"] is None
+        )
+        assert alerts["mart.orders"]["published_by"] == "07:00 Europe/Berlin"
+        assert alerts["mart.orders"]["slo_s"] is None  # the DAG's 2 h is replaced by the dataset's own
+    finally:
+        runner.close()

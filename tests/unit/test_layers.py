@@ -55,6 +55,7 @@ def test_scheduler_never_imports_user_code_loader() -> None:
 
 def test_public_api_is_frozen() -> None:
     assert sorted(treadle.__all__) == [
+        "Alert",
         "Check",
         "CommandTask",
         "Dag",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from treadle import Param, TaskContext, UnknownCommit, dag, task
+from treadle import Alert, Param, TaskContext, UnknownCommit, dag, task
 
 #: The file whose presence lets `flaky` succeed (set by the test before it requeues).
 MARKER_ENV = "TREADLE_WEB_TEST_MARKER"
@@ -70,6 +70,8 @@ def sweep() -> int:
     purpose="Remove expired staging files every night.",
     criticality="low",
     freshness_slo="36h",
+    published_by="05:00 Europe/Berlin",
+    alerts=[Alert("consecutive_failures", count=2)],
     failure_impact="staging disk fills up within a week",
     runbook_url="https://runbooks.example.com/ops-cleanup",
 )

@@ -130,6 +130,8 @@ def test_roles_and_teams_shape_every_page(web: Web) -> None:
     ops = web.client()
     sign_in(ops, "ops_viewer")
     assert "ops_cleanup" in ops.get("/").text and "web_pipeline" not in ops.get("/").text
+    cleanup = ops.get("/dags/ops_cleanup").text
+    assert "05:00 Europe/Berlin" in cleanup and "consecutive_failures count=2" in cleanup
     assert "flaky" not in ops.get("/dead-letters").text
     chief = web.client()
     sign_in(chief, "chief")

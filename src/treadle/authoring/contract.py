@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from treadle.authoring.datasets import Dataset, dataset_names
+from treadle.domain.alerts import AlertRule
 from treadle.domain.contract import DagContract
 from treadle.domain.dag_version import DagStructure
 from treadle.domain.durations import parse_duration
@@ -27,6 +28,8 @@ def build_contract(
     runbook_url: str | None,
     manual_runs: bool,
     backfills: bool,
+    published_by: str | None = None,
+    alerts: Sequence[AlertRule] = (),
 ) -> DagContract:
     """The contract of the DAG `where` names; DagDefinitionError naming the field at fault."""
     names = {"inlets": _names(inlets, "inlets", where), "outlets": _names(outlets, "outlets", where)}
@@ -41,6 +44,11 @@ def build_contract(
             runbook_url=runbook_url,
             manual_runs=manual_runs,
             backfills=backfills,
+            published_by=published_by,
+            alerts=alerts,  # type: ignore[arg-type]  # a list is checked and made a tuple
+            dataset_slos=tuple(
+                slo for d in outlets if isinstance(d, Dataset) and (slo := d.slo()) is not None
+            ),
         )
     except ValueError as exc:
         raise DagDefinitionError(f"{where}: {exc}") from None
@@ -101,6 +109,18 @@ def check_structure_contract(structure: DagStructure, where: str) -> None:
             f"{where}: freshness_slo applies to the DAG's outputs, and it has none: "
             "declare outlets= on the DAG or on the tasks that write them"
         )
+    if structure.contract.published_by is not None and not structure.outputs():
+        raise DagDefinitionError(
+            f"{where}: published_by applies to the DAG's outputs, and it has none: "
+            "declare outlets= on the DAG or on the tasks that write them"
+        )
+    for rule in structure.contract.alerts:
+        unknown = [t for t in rule.tasks if t not in structure.tasks]
+        if unknown:
+            raise DagDefinitionError(
+                f"{where}: alert {rule.kind.value} names task(s) {', '.join(map(repr, unknown))}, "
+                f"which the DAG does not have (tasks: {', '.join(sorted(structure.tasks))})"
+            )
     if structure.schedule is None or not structure.param_rules:
         return
     try:

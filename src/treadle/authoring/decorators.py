@@ -22,6 +22,7 @@ from treadle.authoring.specs import (
     current_dag,
     literal_arg,
 )
+from treadle.domain.alerts import AlertRule
 from treadle.domain.commands import CommandSpec
 from treadle.domain.dag_version import DEFAULT_TEAM, ArgRef
 from treadle.domain.param_rules import ParamRule
@@ -297,6 +298,8 @@ def dag(
     runbook_url: str | None = None,
     manual_runs: bool = True,
     backfills: bool = True,
+    published_by: str | None = None,
+    alerts: Sequence[AlertRule] = (),
     team: str = DEFAULT_TEAM,
 ) -> Any:
     """Declare a DAG: the decorated function places tasks; the decorator returns the `Dag`.
@@ -321,7 +324,9 @@ def dag(
     also include every task's outlets, its inputs the datasets it is scheduled on);
     `freshness_slo`, how old its outputs may get (timedelta, seconds or text such as "6h");
     `failure_impact`; `runbook_url` (http or https); `manual_runs=False` refuses manual triggers
-    and `backfills=False` refuses backfills.
+    and `backfills=False` refuses backfills; `published_by`, a daily deadline for a new
+    version of its outputs ("06:00 Asia/Jakarta"); `alerts`, its `Alert(...)` rules (a kind
+    declared here replaces the deployment's TREADLE_ALERT_RULES of that kind for this DAG).
 
     `team`: the team that owns the DAG (roles in the REST API are granted per team).
 
@@ -381,6 +386,8 @@ def dag(
             runbook_url=runbook_url,
             manual_runs=manual_runs,
             backfills=backfills,
+            published_by=published_by,
+            alerts=alerts,
         )
         rules = check_param_rules(param_rules, params_schema, where)
         new = Dag(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from treadle.authoring.datasets import dataset_names
+from treadle.authoring.datasets import Dataset, dataset_names
 from treadle.domain.exit_codes import ExitContract
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.retry import RetryPolicy
@@ -189,4 +189,10 @@ def _outlets(value: object, where: str) -> tuple[str, ...]:
         return ()
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
         raise DagDefinitionError(f"{where}: outlets must be a list of Dataset, got {value!r}")
+    for d in value:
+        if isinstance(d, Dataset) and d.has_slo:
+            raise DagDefinitionError(
+                f"{where}: outlets: dataset {d.name!r} declares a freshness SLO; declare it where the "
+                f"DAG lists its outputs: @dag(outlets=[Dataset({d.name!r}, ...)])"
+            )
     return dataset_names(value, f"{where}: outlets")

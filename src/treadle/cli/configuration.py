@@ -61,6 +61,14 @@ def effective(ctx: Context) -> list[dict[str, Any]]:
         "TREADLE_API_LOGIN_FAILURES_PER_USER": api.login_limits.per_user,
         "TREADLE_API_LOGIN_FAILURES_PER_ADDRESS": api.login_limits.per_address,
         "TREADLE_API_LOGIN_WINDOW_SECONDS": api.login_limits.window_s,
+        "TREADLE_OUTBOX_WEBHOOK_URL": settings.outbox_webhook_url,
+        "TREADLE_OUTBOX_WEBHOOK_SECRET": settings.outbox_webhook_secret,
+        "TREADLE_OUTBOX_NATS_URL": settings.outbox_nats_url,
+        "TREADLE_OUTBOX_NATS_SUBJECT_PREFIX": settings.outbox_nats_subject_prefix,
+        "TREADLE_OUTBOX_NATS_JETSTREAM": settings.outbox_nats_jetstream,
+        "TREADLE_ALERT_SLACK_URL": settings.alert_slack_url,
+        "TREADLE_ALERT_RULES": ", ".join(r.describe() for r in settings.alerting.rules),
+        "TREADLE_UI_BASE_URL": settings.ui_base_url,
     }
     from treadle.config import NUMERIC_SETTINGS
 

@@ -10,7 +10,7 @@ from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table
 from treadle.engine import datasets
 from treadle.engine.accounts import Caller
-from treadle.engine.dag_detail import dataset_freshness
+from treadle.engine.dag_detail import DatasetFreshness, dataset_freshness
 from treadle.engine.dataset_access import (
     grant_dataset,
     list_dataset_access,
@@ -58,14 +58,15 @@ def list_cmd(ctx: Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
 def freshness_cmd(ctx: Context, as_json: bool) -> None:
-    """Each output of a DAG with a freshness SLO: its age against the SLO."""
+    """Each output of a DAG with a freshness SLO: its age against the maximum age, and whether
+    the latest "published by" deadline saw a new version."""
     now, found = dataset_freshness(ctx.db)
     if as_json:
         emit_json(found)
         return
     table(
         f"Freshness at {fmt_time(now)}",
-        ["dataset", "DAG", "owner", "last event at", "age", "SLO", "status"],
+        ["dataset", "DAG", "owner", "last event at", "age", "max age", "published by", "status"],
         [
             (
                 f.dataset,
@@ -73,12 +74,28 @@ def freshness_cmd(ctx: Context, as_json: bool) -> None:
                 f.owner,
                 fmt_time(f.last_event_at),
                 None if f.age_s is None else seconds_in_words(round(f.age_s)),
-                seconds_in_words(round(f.slo_s)),
-                "fresh" if f.within_slo else ("never published" if f.age_s is None else "STALE"),
+                None if f.slo_s is None else seconds_in_words(round(f.slo_s)),
+                _deadline_text(f),
+                _status(f),
             )
             for f in found
         ],
     )
+
+
+def _deadline_text(f: DatasetFreshness) -> str | None:
+    """The deadline, the latest one passed and the next."""
+    if f.published_by is None:
+        return None
+    return f"{f.published_by} (last {fmt_time(f.deadline_at)}, next {fmt_time(f.next_deadline_at)})"
+
+
+def _status(f: DatasetFreshness) -> str:
+    if f.age_s is None:
+        return "never published"
+    if f.met_deadline is False:
+        return "LATE (no version by the last deadline)"
+    return "fresh" if f.within_slo else "STALE"
 
 
 @datasets_group.command("events")

@@ -79,6 +79,7 @@ class Context:
         )
         db.outbox_sinks = self.settings.outbox_sinks
         db.lineage_namespace = self.settings.lineage_namespace
+        db.alerting = self.settings.alerting
         return db
 
 

@@ -238,8 +238,8 @@ def _instrument(
 
 
 def _relay(ctx: Context, db: Database, scheduler: Scheduler) -> OutboxRelay | None:
-    """The outbox relay of a scheduler, when a webhook or OpenLineage is configured (it delivers
-    while leading)."""
+    """The outbox relay of a scheduler, when a webhook, NATS, Slack or OpenLineage is configured
+    (it delivers while leading)."""
     settings = ctx.settings
     from treadle.delivery.relay import OutboxRelay, Routes, Sink
 
@@ -250,6 +250,19 @@ def _relay(ctx: Context, db: Database, scheduler: Scheduler) -> OutboxRelay | No
         sinks[SINK] = WebhookSink(
             settings.outbox_webhook_url, secret=settings.outbox_webhook_secret, ack_s=settings.outbox_ack_s
         )
+    if settings.outbox_nats_url is not None:
+        from treadle.delivery import nats
+
+        sinks[nats.SINK] = nats.NatsSink(
+            settings.outbox_nats_url,
+            prefix=settings.outbox_nats_subject_prefix,
+            jetstream=settings.outbox_nats_jetstream,
+            ack_s=settings.outbox_ack_s,
+        )
+    if settings.alert_slack_url is not None:
+        from treadle.delivery import slack
+
+        sinks[slack.SINK] = slack.SlackSink(settings.alert_slack_url, ack_s=settings.outbox_ack_s)
     if settings.lineage_namespace is not None:
         from treadle.delivery import lineage
 

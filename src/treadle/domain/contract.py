@@ -12,6 +12,8 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
+from treadle.domain.alerts import AlertRule
+from treadle.domain.freshness import DatasetSlo, Deadline
 from treadle.domain.identifiers import is_dataset_name
 
 #: Longest text of a free-text contract field (purpose, failure impact).
@@ -53,6 +55,12 @@ class DagContract:
     manual_runs: bool = True
     #: Whether a backfill may run past intervals of it.
     backfills: bool = True
+    #: Each day, its outputs should have a new version by this deadline ("06:00 Asia/Jakarta").
+    published_by: str | None = None
+    #: Its alert rules (domain/alerts.py); a kind declared here replaces the deployment's.
+    alerts: tuple[AlertRule, ...] = ()
+    #: SLOs its outputs declare themselves (`Dataset(..., freshness_slo=, published_by=)`).
+    dataset_slos: tuple[DatasetSlo, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate every field; ValueError names the field and what it must be."""
@@ -69,6 +77,42 @@ class DagContract:
         for name in ("manual_runs", "backfills"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self._check_freshness_and_alerts()
+
+    def _check_freshness_and_alerts(self) -> None:
+        if self.published_by is not None:
+            if not isinstance(self.published_by, str):
+                raise ValueError(
+                    f"published_by must be text such as '06:00 Asia/Jakarta', got {self.published_by!r}"
+                )
+            object.__setattr__(self, "published_by", str(Deadline.parse(self.published_by)))
+        if isinstance(self.alerts, AlertRule) or not isinstance(self.alerts, tuple | list):
+            raise ValueError(f"alerts must be a list of Alert(...) rules, got {self.alerts!r}")
+        for rule in self.alerts:
+            if not isinstance(rule, AlertRule):
+                raise ValueError(f"alerts must hold Alert(...) rules, got {rule!r}")
+        object.__setattr__(self, "alerts", tuple(self.alerts))
+        if not all(isinstance(d, DatasetSlo) for d in self.dataset_slos):
+            raise ValueError(f"dataset_slos must hold DatasetSlo objects, got {self.dataset_slos!r}")
+        object.__setattr__(self, "dataset_slos", tuple(self.dataset_slos))
+
+    @property
+    def deadline(self) -> Deadline | None:
+        """The "published by" deadline, parsed."""
+        return None if self.published_by is None else Deadline.parse(self.published_by)
+
+    @property
+    def has_freshness_slo(self) -> bool:
+        """True when the DAG or one of its outputs declares a freshness SLO."""
+        return self.freshness_slo_s is not None or self.published_by is not None or bool(self.dataset_slos)
+
+    def slos_of(self, dataset: str) -> tuple[float | None, Deadline | None]:
+        """The maximum age and the deadline that apply to one output: its own, else the DAG's."""
+        for own in self.dataset_slos:
+            if own.dataset == dataset:
+                deadline = None if own.published_by is None else Deadline.parse(own.published_by)
+                return own.freshness_slo_s, deadline
+        return self.freshness_slo_s, self.deadline
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form: only the fields that differ from their defaults."""
@@ -76,6 +120,9 @@ class DagContract:
         for f in fields(self):
             value = getattr(self, f.name)
             if value == f.default:
+                continue
+            if f.name in ("alerts", "dataset_slos"):
+                out[f.name] = [item.to_json() for item in value]
                 continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
         if self.criticality is not None:
@@ -90,6 +137,10 @@ class DagContract:
         for name in ("inlets", "outlets"):
             if name in values:
                 values[name] = tuple(values[name])
+        if "alerts" in values:
+            values["alerts"] = tuple(AlertRule.from_json(r) for r in values["alerts"])
+        if "dataset_slos" in values:
+            values["dataset_slos"] = tuple(DatasetSlo(**d) for d in values["dataset_slos"])
         return DagContract(**values)
 
     @property

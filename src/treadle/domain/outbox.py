@@ -29,6 +29,27 @@ class OutboxKind(StrEnum):
     FRESHNESS_MISS = "freshness.miss"
     #: An OpenLineage run event (domain/lineage.py), for the "openlineage" sink only.
     LINEAGE = "openlineage.run_event"
+    #: Alerts of the other rule kinds (domain/alerts.py): "alert.<kind>".
+    NEEDS_INSPECTION = "alert.needs_inspection"
+    QUALITY_GATE_FAILED = "alert.quality_gate_failed"
+    CONSECUTIVE_FAILURES = "alert.consecutive_failures"
+    RUN_OVER_BUDGET = "alert.run_over_budget"
+    REPEATED_RETRIES = "alert.repeated_retries"
+    SENSOR_TIMEOUT = "alert.sensor_timeout"
+    BACKFILL_OVER_BUDGET = "alert.backfill_over_budget"
+
+    @property
+    def is_alert(self) -> bool:
+        """True for the kinds alert rules raise."""
+        return (
+            self is OutboxKind.TASK_DEAD_LETTER
+            or self is OutboxKind.FRESHNESS_MISS
+            or self.value.startswith("alert.")
+        )
+
+
+#: Sinks that take alerts only (a Slack webhook has no use for dataset events).
+ALERT_ONLY_SINKS = frozenset({"slack"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,7 +3,8 @@ claims due entries and settles their deliveries, both fenced by its epoch; opera
 replay and purge (audited).
 
 Effects are written only for the sinks the deployment configured (`Database.outbox_sinks`, set
-by the process from TREADLE_OUTBOX_WEBHOOK_URL): with no sink, nothing piles up undelivered.
+by the process from TREADLE_OUTBOX_WEBHOOK_URL, _NATS_URL and TREADLE_ALERT_SLACK_URL): with no
+sink, nothing piles up undelivered. Alerts go through the rules first (engine/alerts.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.outbox import DeliveryPolicy, OutboxEntry, OutboxKind, after_failure
+from treadle.domain.outbox import ALERT_ONLY_SINKS, DeliveryPolicy, OutboxEntry, OutboxKind, after_failure
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.engine.scheduling import LEADER_LEASE
 from treadle.errors import NotLeader
@@ -26,11 +27,26 @@ from treadle.store.outbox import OutboxStats, Settlement
 
 
 def enqueue(db: Database, conn: Connection, *, kind: OutboxKind, payloads: Sequence[dict[str, Any]]) -> None:
-    """Add `payloads` for every configured sink, in the caller's transaction."""
+    """Add `payloads` for every configured sink, in the caller's transaction; dead-letter
+    payloads (`dead_letter_payload`) become the alerts their rules raise."""
     if not db.outbox_sinks or not payloads:
         return
+    if kind is OutboxKind.TASK_DEAD_LETTER:
+        from treadle.engine.alerts import dead_letters  # alerts writes through this module
+
+        dead_letters(db, conn, payloads)
+        return
+    write_entries(db, conn, kind=kind, payloads=payloads)
+
+
+def write_entries(
+    db: Database, conn: Connection, *, kind: OutboxKind, payloads: Sequence[dict[str, Any]]
+) -> None:
+    """Write `payloads` as they are for every configured sink that takes `kind`."""
     now = db_now(conn)
     for sink in db.outbox_sinks:
+        if sink in ALERT_ONLY_SINKS and not kind.is_alert:
+            continue
         outbox_store.enqueue(conn, kind=kind.value, sink=sink, payloads=payloads, now=now)
 
 
@@ -53,8 +69,10 @@ def dataset_payloads(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def dead_letter_payload(
     task: ClaimedTask, error: AttemptError, *, reason: str | None, at: datetime
 ) -> dict[str, Any]:
-    """The alert payload of a task instance that became a dead letter."""
+    """The facts of a task instance that became a dead letter (its alerts carry them)."""
+    quality = (error.outputs or {}).get("quality")
     return {
+        **({"quality": quality} if isinstance(quality, dict) else {}),
         "severity": "error",
         "dag_id": task.dag_id,
         "task_id": task.task_id,

@@ -24,12 +24,13 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.lineage import LineageEventType
+from treadle.domain.outbox import OutboxKind
 from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.sensing import PokeKind, is_final_poke, poke_deadline
 from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End
-from treadle.engine import lineage, propagation
+from treadle.engine import lineage, outbox, propagation
 from treadle.engine.dags import version_of
 from treadle.engine.execution import (
     MAX_MESSAGE_CHARS,
@@ -166,6 +167,14 @@ def time_out_sensor(
             )
             + ("; skipped (soft_fail)" if spec.soft_fail else "")
         )
+        error = AttemptError(
+            error_type="SensorTimeout",
+            message=message[:MAX_MESSAGE_CHARS],
+            frame="treadle.sensor",
+            retryable=False,
+            code_version=code_version,
+            outputs=evidence or None,
+        )
         insert_attempt_record(
             conn,
             task,
@@ -173,14 +182,7 @@ def time_out_sensor(
             now=now,
             worker_id=worker_id,
             hostname=hostname,
-            error=AttemptError(
-                error_type="SensorTimeout",
-                message=message[:MAX_MESSAGE_CHARS],
-                frame="treadle.sensor",
-                retryable=False,
-                code_version=code_version,
-                outputs=evidence or None,
-            ),
+            error=error,
         )
         lineage.attempts_ended(db, conn, [(task, now)], LineageEventType.FAIL)
         # The end travels on through the trigger rules of what follows, as any task's end does.
@@ -192,6 +194,9 @@ def time_out_sensor(
             if propagation.deliver(db, conn, arrivals, now=now).queues:
                 dialects.notify_ready(conn)
         else:
+            reason = DeadLetterReason.SENSOR_TIMEOUT.value
+            alert = outbox.dead_letter_payload(task, error, reason=reason, at=now)
+            outbox.enqueue(db, conn, kind=OutboxKind.TASK_DEAD_LETTER, payloads=[alert])
             propagation.after_dead_letter(db, conn, task, now=now)
         close_run_if_done(db, conn, task.run_id)
         return Ending(applied=True)

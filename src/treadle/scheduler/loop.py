@@ -21,6 +21,7 @@ from datetime import timedelta
 
 from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
+from treadle.engine.alerts import check_alerts
 from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.datasets import trigger_dataset_runs
 from treadle.engine.freshness import check_freshness
@@ -50,8 +51,6 @@ log = logging.getLogger("treadle.scheduler")
 
 #: Seconds between two retention batches: pruning is housekeeping, not per-tick work.
 RETENTION_INTERVAL_S = 60.0
-#: Seconds between the leader's freshness SLO checks.
-FRESHNESS_CHECK_S = 30.0
 #: Schedules fired per transaction; a full batch is followed by another at once.
 FIRE_BATCH = 500
 #: Firing passes run side by side during a burst (each on its own schedules).
@@ -216,12 +215,16 @@ class Scheduler:
         return {"dataset_runs": created}
 
     def check_freshness(self) -> dict[str, int]:
-        """Alert outputs that newly missed their DAG's freshness SLO (every FRESHNESS_CHECK_S)."""
+        """Alert outputs that newly missed their DAG's freshness SLO, and lasting states the alert
+        rules watch (every TREADLE_ALERT_CHECK_SECONDS)."""
         epoch = self.leadership.epoch
         if epoch is None or time.monotonic() < self.next_freshness_at:
             return {}
-        self.next_freshness_at = time.monotonic() + FRESHNESS_CHECK_S
-        return {"freshness_misses": check_freshness(self.db, holder=self.holder, epoch=epoch)}
+        self.next_freshness_at = time.monotonic() + self.db.alerting.check_s
+        return {
+            "freshness_misses": check_freshness(self.db, holder=self.holder, epoch=epoch),
+            "alerts": check_alerts(self.db, holder=self.holder, epoch=epoch),
+        }
 
     def drain_backfills(self) -> dict[str, int]:
         """Hand running backfills their next intervals, within each backfill's budget."""

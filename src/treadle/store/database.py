@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from treadle.domain.alerts import Alerting
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
 from treadle.domain.records import RunInfo
@@ -140,6 +141,9 @@ class Database:
         #: The OpenLineage namespace when lineage events are written to the outbox (a process
         #: with TREADLE_OPENLINEAGE_URL or _FILE sets it); None: no lineage events.
         self.lineage_namespace: str | None = None
+        #: The deployment's alert rules, deduplication window and UI address (the process sets
+        #: them from TREADLE_ALERT_RULES, _DEDUP_SECONDS and TREADLE_UI_BASE_URL).
+        self.alerting = Alerting()
 
     @property
     def is_sqlite(self) -> bool:

@@ -548,6 +548,26 @@ freshness_alerts = sa.Table(
 )
 
 
+#: Every alert a rule raised about an occurrence (migration 0016): once per rule and occurrence
+#: (`key`), and the last one sent per rule and subject is what repeats are deduplicated against.
+alert_firings = sa.Table(
+    "alert_firings",
+    metadata,
+    #: sha256 of the rule id and the occurrence's key.
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("rule", sa.String(120), nullable=False),
+    sa.Column("subject", sa.String(500), nullable=False),
+    sa.Column("kind", sa.String(40), nullable=False),
+    sa.Column("dag_id", ID, nullable=False),
+    sa.Column("run_id", ID, nullable=True),
+    #: sent, duplicate (within the rule's window) or backfill (held back).
+    sa.Column("disposition", sa.String(16), nullable=False),
+    sa.Column("fired_at", UTCDateTime, nullable=False),
+    sa.Index(None, "rule", "subject", "fired_at"),
+    **MYSQL_OPTIONS,
+)
+
+
 outbox = sa.Table(
     "outbox",
     metadata,

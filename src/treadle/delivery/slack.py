@@ -1,0 +1,40 @@
+"""The Slack sink: each alert POSTed to TREADLE_ALERT_SLACK_URL as Slack's message body
+(`{"text": ..., "blocks": [...]}`, domain/alerts.slack_body), which an incoming webhook posts to
+its channel; any receiver of that body (Mattermost, a chat bridge) works too. Alerts only: the
+outbox writes no other entries for this sink. Any 2xx is a delivery.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from treadle.domain.alerts import slack_body
+from treadle.domain.outbox import OutboxEntry
+
+#: The sink name entries for this sink carry.
+SINK = "slack"
+
+
+class SlackSink:
+    """Posts alerts to `url` (connections kept alive; safe to share between threads)."""
+
+    def __init__(self, url: str, *, ack_s: float) -> None:
+        self.url = url
+        self.client = httpx.Client(timeout=ack_s, limits=httpx.Limits(max_connections=16))
+
+    def deliver(self, entry: OutboxEntry) -> str | None:
+        """Post one alert; None when the receiver took it, else what went wrong."""
+        body = json.dumps(slack_body(entry.payload), default=str).encode()
+        try:
+            response = self.client.post(self.url, content=body, headers={"Content-Type": "application/json"})
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"[:2000]
+        if 200 <= response.status_code < 300:
+            return None
+        return f"HTTP {response.status_code}: {response.text[:500]}"
+
+    def close(self) -> None:
+        """Close the kept-alive connections."""
+        self.client.close()
