@@ -126,6 +126,7 @@ class Worker:
         )
         # It records self-fenced attempts too, which may dead-letter: their alerts need the sinks.
         self.heartbeat_db.outbox_sinks = db.outbox_sinks
+        self.heartbeat_db.alerting = db.alerting
         self.heartbeat_db.lineage_namespace = db.lineage_namespace
         self.hostname = socket.gethostname()
         self.worker_id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
