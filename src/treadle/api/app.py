@@ -17,6 +17,7 @@ from treadle.api.routes import accounts, backfills, dags, health, logs, metrics,
 from treadle.api.sessions import SessionCodec
 from treadle.api.settings import ApiSettings
 from treadle.domain.admission import NO_LIMITS, AdmissionLimits
+from treadle.engine.idempotency import ExpiredKeys
 from treadle.observability.metrics import DatabaseGauges, Metrics
 from treadle.store.database import Database
 from treadle.web.app import mount
@@ -58,6 +59,7 @@ def create_app(
     app.state.admission = admission
     app.state.logs_dir = logs_dir
     app.state.backfill_max_span_days = backfill_max_span_days
+    app.state.expired_keys = ExpiredKeys()
     app.state.metrics = _metrics(db, process_metrics, worker_stale_s=worker_stale_s)
     problems.install(app)
     problems.document(app)
