@@ -67,6 +67,8 @@ class Action(Enum):
     #: /metrics: its labels name every team's DAGs and tasks.
     READ_METRICS = (Role.VIEWER, Scope.GLOBAL)
     WRITE_POOLS = (Role.OPERATOR, Scope.GLOBAL)
+    #: Dataset owners and grants decide what every team's DAGs may emit to.
+    MANAGE_DATASETS = (Role.ADMIN, Scope.GLOBAL)
     READ_AUDIT = (Role.ADMIN, Scope.GLOBAL)
     MANAGE_USERS = (Role.ADMIN, Scope.GLOBAL)
     OWN_ACCOUNT = (Role.VIEWER, Scope.SELF)
