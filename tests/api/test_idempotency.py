@@ -267,7 +267,10 @@ def test_a_malformed_key_is_422_naming_the_header(api: Api, value: str) -> None:
     response = api.client.post(
         TRIGGER,
         json={},
-        headers={**api.as_("fin_operator"), "Idempotency-Key": value.encode()},
+        headers={
+            **{k.encode(): v.encode() for k, v in api.as_("fin_operator").items()},
+            b"Idempotency-Key": value.encode(),
+        },
     )
     assert response.status_code == 422, response.text
     assert "Idempotency-Key" in response.json()["detail"]
