@@ -123,7 +123,7 @@ def dist(values: list[float]) -> dict[str, float]:
     }
 
 
-def measure(base: str, token: str, big_run: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(base: str, token: str, big_run: str, args: argparse.Namespace, *, pid: int) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"}
     client = httpx.Client(base_url=base, headers=headers, timeout=60)
     pages: list[float] = []
@@ -137,10 +137,12 @@ def measure(base: str, token: str, big_run: str, args: argparse.Namespace) -> di
     details = [
         timed(lambda: client.get(f"/api/v1/runs/{big_run}").raise_for_status()) for _ in range(args.details)
     ]
+    cpu_before = cpu_s(pid)
     paced = _triggers(base, headers, args, rate=args.rate)
     began = time.perf_counter()
     saturated = _triggers(base, headers, args, rate=None)
     took = time.perf_counter() - began
+    cpu_ms = (cpu_s(pid) - cpu_before) * 1000 / (len(paced) + len(saturated))
     return {
         "run_list_page": dist(pages),
         "run_detail_500_tasks": dist(details),
@@ -150,7 +152,15 @@ def measure(base: str, token: str, big_run: str, args: argparse.Namespace) -> di
             "per_s": round(len(saturated) / took, 1),
             **dist(saturated),
         },
+        #: CPU the API process spent per trigger (user + system), whatever the machine's load.
+        "trigger_api_cpu_ms": round(cpu_ms, 2),
     }
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _triggers(
@@ -246,7 +256,7 @@ def main() -> None:
                 except httpx.HTTPError:
                     time.sleep(0.2)
             spy = _profiler(proc.pid, args.profile) if args.profile else None
-            figures = measure(base, token, big_run, args)
+            figures = measure(base, token, big_run, args, pid=proc.pid)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(timeout=60)
