@@ -5,22 +5,31 @@ one run of 500 tasks, starts `treadle api` as a real process, and measures over 
 
 * run list: `--pages` consecutive pages of 50 following `next_cursor` from the newest;
 * run detail of the 500-task run, `--details` times;
-* triggers: `--clients` threads each triggering `--triggers` runs with an operator token;
+* triggers under `--clients` concurrent clients, two ways:
+  - `trigger` (paced): each client triggers `--triggers` runs, one every `1 / --rate` seconds
+    (first at a random phase), so the API answers 50 connected clients at a steady load;
+  - `trigger_saturated` (closed loop): each client triggers again as soon as answered, which
+    measures throughput (`per_s`): its latency is the queue of 50 waiting requests;
+  each client sends an `Idempotency-Key` on every other trigger, as a retrying client would;
 * the API process's resident memory (VmRSS) after all of it.
 
-Prints one JSON object with p50 / p99 / max per operation.
+`--profile FILE` samples the API process with py-spy during the triggers (collapsed stacks).
+Prints one JSON object with p50 / p99 / max per operation, and the machine's load averages.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -114,7 +123,7 @@ def dist(values: list[float]) -> dict[str, float]:
     }
 
 
-def measure(base: str, token: str, big_run: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(base: str, token: str, big_run: str, args: argparse.Namespace, *, pid: int) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"}
     client = httpx.Client(base_url=base, headers=headers, timeout=60)
     pages: list[float] = []
@@ -128,23 +137,65 @@ def measure(base: str, token: str, big_run: str, args: argparse.Namespace) -> di
     details = [
         timed(lambda: client.get(f"/api/v1/runs/{big_run}").raise_for_status()) for _ in range(args.details)
     ]
-    triggers: list[float] = []
-    lock = threading.Lock()
+    cpu_before = cpu_s(pid)
+    paced = _triggers(base, headers, args, rate=args.rate)
+    began = time.perf_counter()
+    saturated = _triggers(base, headers, args, rate=None)
+    took = time.perf_counter() - began
+    cpu_ms = (cpu_s(pid) - cpu_before) * 1000 / (len(paced) + len(saturated))
+    return {
+        "run_list_page": dist(pages),
+        "run_detail_500_tasks": dist(details),
+        "trigger": {"clients": args.clients, "per_client_per_s": args.rate, **dist(paced)},
+        "trigger_saturated": {
+            "clients": args.clients,
+            "per_s": round(len(saturated) / took, 1),
+            **dist(saturated),
+        },
+        #: CPU the API process spent per trigger (user + system), whatever the machine's load.
+        "trigger_api_cpu_ms": round(cpu_ms, 2),
+    }
 
-    def trigger_many() -> None:
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _triggers(
+    base: str, headers: dict[str, str], args: argparse.Namespace, *, rate: float | None
+) -> list[float]:
+    """Latencies of `--clients` threads each triggering `--triggers` runs (paced at `rate` per
+    second per client, or back to back when None)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start = threading.Barrier(args.clients)
+
+    def client() -> None:
         own = httpx.Client(base_url=base, headers=headers, timeout=60)
-        for _ in range(args.triggers):
-            took = timed(lambda: own.post("/api/v1/dags/bench_api_small/runs", json={}).raise_for_status())
+        start.wait()
+        next_at = time.perf_counter() + (random.random() / rate if rate else 0.0)
+        for n in range(args.triggers):
+            if rate:
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+                next_at += 1 / rate
+            key = {"Idempotency-Key": uuid.uuid4().hex} if n % 2 else {}
+            took = timed(
+                lambda key=key: own.post(
+                    "/api/v1/dags/bench_api_small/runs", json={}, headers=key
+                ).raise_for_status()
+            )
             with lock:
-                triggers.append(took)
+                latencies.append(took)
         own.close()
 
-    threads = [threading.Thread(target=trigger_many) for _ in range(args.clients)]
+    threads = [threading.Thread(target=client) for _ in range(args.clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return {"run_list_page": dist(pages), "run_detail_500_tasks": dist(details), "trigger": dist(triggers)}
+    return latencies
 
 
 def rss_mb(pid: int) -> float:
@@ -161,6 +212,8 @@ def main() -> None:
     parser.add_argument("--details", type=int, default=50)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--triggers", type=int, default=10)
+    parser.add_argument("--rate", type=float, default=1.0, help="Paced triggers per second per client.")
+    parser.add_argument("--profile", type=Path, default=None, help="Write py-spy collapsed stacks here.")
     args = parser.parse_args()
     with pg_database("bench_api") as url, tempfile.TemporaryDirectory() as home:
         db = Database(url, pool_size=4)
@@ -202,13 +255,44 @@ def main() -> None:
                         break
                 except httpx.HTTPError:
                     time.sleep(0.2)
-            figures = measure(base, token, big_run, args)
+            spy = _profiler(proc.pid, args.profile) if args.profile else None
+            figures = measure(base, token, big_run, args, pid=proc.pid)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(timeout=60)
             figures["api_rss_mb"] = rss_mb(proc.pid)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
             db.dispose()
-    emit({"benchmark": "api", "machine": machine(), "runs": args.runs, "seed_s": round(seed_s, 1), **figures})
+    emit(
+        {
+            "benchmark": "api",
+            "machine": machine(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "runs": args.runs,
+            "seed_s": round(seed_s, 1),
+            **figures,
+        }
+    )
+
+
+def _profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling `pid` (every thread, idle ones left out) until sent SIGINT."""
+    spy = Path(sys.executable).with_name("py-spy")
+    command = [
+        str(spy),
+        "record",
+        "--pid",
+        str(pid),
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+        "--rate",
+        "200",
+    ]
+    return subprocess.Popen([*command, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":

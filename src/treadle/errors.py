@@ -27,7 +27,9 @@ TreadleError
 ├── TooManyAttempts        too many failed logins for a user or from an address (retry_after_s)
 ├── Overloaded             admission control refused new work: a queued limit (setting, limit, retry_after_s)
 ├── AccountNotFound        no user, team or token by that name or id
-└── AccountConflict        a user or team by that name exists already
+├── AccountConflict        a user or team by that name exists already
+├── IdempotencyKeyReused   an Idempotency-Key sent again with a different request
+└── IdempotencyKeyInProgress  the request that claimed an Idempotency-Key has not answered (retry_after_s)
 
 The classes with facts take them as keyword-only fields, kept as attributes; their message is
 built from those fields unless one is given.
@@ -305,3 +307,15 @@ class AccountNotFound(TreadleError):
 
 class AccountConflict(TreadleError):
     """A user or team by that name exists already."""
+
+
+class IdempotencyKeyReused(TreadleError):
+    """This Idempotency-Key was used for a different request: send a new key for a new request."""
+
+
+class IdempotencyKeyInProgress(TreadleError):
+    """The request that claimed this Idempotency-Key has not answered yet; retry later."""
+
+    def __init__(self, message: str | None = None, *, retry_after_s: int = 1) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)

@@ -110,3 +110,52 @@ def test_an_owner_is_set_or_moved_and_bad_requests_are_refused(db: Database) -> 
         e for e in accounts.list_audit(db, action="dataset.set_owner", limit=5) if e.details["previous"]
     ]
     assert entry.details == {"team": "default", "previous": "finance"}
+
+
+@pytest.mark.postgres
+def test_a_sync_losing_a_concurrent_claim_decides_with_the_winners_owner(pg_url: str) -> None:
+    """Another transaction inserts the owner row after this sync read the owners: the sync's
+    claim waits for it, skips, and refuses the DAG as if it had seen that owner."""
+    import threading
+    import time
+
+    import sqlalchemy as sa
+
+    from treadle.store.database import db_now
+    from treadle.store.tables import dataset_owners
+
+    db = Database(pg_url)
+    accounts.create_team(db, "finance", by=BY)
+    other = db.engine.connect()
+    rival = other.begin()
+    rival_now = db_now(other)
+    other.execute(
+        sa.insert(dataset_owners).values(
+            dataset="lake.orders", team="finance", created_at=rival_now, created_by="rival"
+        )
+    )
+    synced = threading.Thread(target=_sync, args=(db, ops_orders))
+    synced.start()
+    deadline = time.monotonic() + 60
+    while not db.query(_waits_on_a_lock) and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling the database for the sync's lock wait, not waiting a fixed time
+    rival.commit()
+    synced.join(timeout=60)
+    other.close()
+    assert _registered(db) == set()
+    assert "belongs to team 'finance'" in _errors(db)[0]
+    [access] = list_dataset_access(db)
+    assert access.owner == "finance"
+    db.dispose()
+
+
+def _waits_on_a_lock(conn: Any) -> bool:
+    import sqlalchemy as sa
+
+    found = conn.execute(
+        sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+    ).scalar_one()
+    return bool(found)

@@ -180,7 +180,7 @@ def test_old_finished_runs_go_with_all_their_rows_and_the_rest_stays(
     report = prune(db, older_than=timedelta(days=1), audit_older_than=timedelta(days=1))
 
     assert not report.dry_run
-    assert report.rows.by_table() == {**history.old_rows, "audit_log": 1, "workers": 2}
+    assert report.rows.by_table() == {**history.old_rows, "audit_log": 1, "workers": 2, "idempotency_keys": 0}
     assert rows_of(db, history.old) == dict.fromkeys(history.old_rows, 0)
     assert rows_of(db, history.kept) == history.kept_rows
     with db.read() as conn:
@@ -205,7 +205,7 @@ def test_dry_run_deletes_nothing_and_counts_what_a_prune_deletes(runner: DagRunn
     real = prune(db, older_than=timedelta(days=1), audit_older_than=timedelta(days=1))
     assert real.deleted_anything
     assert dry.rows == real.rows
-    assert dry.rows.by_table() == {**history.old_rows, "audit_log": 1, "workers": 2}
+    assert dry.rows.by_table() == {**history.old_rows, "audit_log": 1, "workers": 2, "idempotency_keys": 0}
 
 
 def test_pruning_goes_in_batches_of_short_transactions(runner: DagRunner) -> None:
@@ -222,7 +222,7 @@ def test_pruning_goes_in_batches_of_short_transactions(runner: DagRunner) -> Non
     assert report.batches == 3
     assert len(commits) >= 3
     assert report.rows.dag_runs == 5
-    assert report.rows.by_table() == {**expected, "audit_log": 0, "workers": 0}
+    assert report.rows.by_table() == {**expected, "audit_log": 0, "workers": 0, "idempotency_keys": 0}
     assert rows_of(db, old) == dict.fromkeys(expected, 0)
 
 
@@ -261,7 +261,12 @@ def test_the_audit_log_is_kept_unless_its_own_longer_retention_is_given(
 
     audit_only = prune(db, older_than=None, audit_older_than=timedelta(days=30))
 
-    assert audit_only.rows.by_table() == {**dict.fromkeys(history.old_rows, 0), "audit_log": 1, "workers": 0}
+    assert audit_only.rows.by_table() == {
+        **dict.fromkeys(history.old_rows, 0),
+        "audit_log": 1,
+        "workers": 0,
+        "idempotency_keys": 0,
+    }
     after = _audit_entries(db)
     # Only the entry older than 30 days went; every other entry is exactly as it was.
     assert [e for e in before if e not in after] == [next(e for e in before if e[3] == "old")]

@@ -13,10 +13,21 @@ from fastapi.responses import HTMLResponse
 
 from treadle.api import problems
 from treadle.api.guard import API, EXEMPT, Guard
-from treadle.api.routes import accounts, backfills, dags, health, logs, metrics, operations, runs
+from treadle.api.routes import (
+    accounts,
+    backfills,
+    dags,
+    dataset_access,
+    health,
+    logs,
+    metrics,
+    operations,
+    runs,
+)
 from treadle.api.sessions import SessionCodec
 from treadle.api.settings import ApiSettings
 from treadle.domain.admission import NO_LIMITS, AdmissionLimits
+from treadle.engine.idempotency import ExpiredKeys
 from treadle.observability.metrics import DatabaseGauges, Metrics
 from treadle.store.database import Database
 from treadle.web.app import mount
@@ -58,12 +69,13 @@ def create_app(
     app.state.admission = admission
     app.state.logs_dir = logs_dir
     app.state.backfill_max_span_days = backfill_max_span_days
+    app.state.expired_keys = ExpiredKeys()
     app.state.metrics = _metrics(db, process_metrics, worker_stale_s=worker_stale_s)
     problems.install(app)
     problems.document(app)
     # The routes go straight into the app's table (not include_router, which newer FastAPI
     # resolves lazily): the route inventory test and the guard see one flat list.
-    for module in (health, accounts, dags, runs, operations, logs, backfills):
+    for module in (health, accounts, dags, runs, operations, dataset_access, logs, backfills):
         app.router.routes.extend(module.router.routes)
     metrics_routes = metrics.public_router() if settings.metrics_public else metrics.guarded_router()
     app.router.routes.extend(metrics_routes.routes)

@@ -20,6 +20,8 @@ from treadle.errors import (
     DagInactive,
     DagNotFound,
     DatabaseUnavailable,
+    IdempotencyKeyInProgress,
+    IdempotencyKeyReused,
     InvalidRequest,
     NotAuthenticated,
     Overloaded,
@@ -53,6 +55,8 @@ STATUS: dict[type[TreadleError], tuple[int, str]] = {
     BackfillConflict: (409, "Conflict"),
     DagInactive: (409, "DAG inactive"),
     ParamsInvalid: (422, "Invalid params"),
+    IdempotencyKeyReused: (422, "Idempotency-Key reused"),
+    IdempotencyKeyInProgress: (409, "Idempotency-Key in use"),
     InvalidRequest: (400, "Invalid request"),
     ConfigError: (400, "Invalid request"),
     DatabaseUnavailable: (503, "Database unavailable"),
@@ -88,7 +92,7 @@ def for_error(exc: TreadleError) -> JSONResponse:
     if isinstance(exc, PasswordChangeRequired):
         extra["password_change"] = "/api/v1/auth/password"
     response = problem(status, title, str(exc) if status != 500 else "internal error", **extra)
-    if isinstance(exc, TooManyAttempts | Overloaded):
+    if isinstance(exc, TooManyAttempts | Overloaded | IdempotencyKeyInProgress):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 

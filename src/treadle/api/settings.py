@@ -50,6 +50,8 @@ class ApiSettings:
     login_limits: LoginLimits = field(default_factory=LoginLimits)
     #: Serve /metrics without credentials (for scrapers that cannot send a token).
     metrics_public: bool = False
+    #: How long a request's Idempotency-Key (and its recorded response) is kept for retries.
+    idempotency_hours: float = 24.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ApiSettings:
@@ -61,6 +63,7 @@ class ApiSettings:
             behind_tls=_flag(env, "TREADLE_API_BEHIND_TLS"),
             metrics_public=_flag(env, "TREADLE_API_METRICS_PUBLIC"),
             session_hours=_number(env, "TREADLE_API_SESSION_HOURS", 12.0, 0.01, 24 * 30),
+            idempotency_hours=_number(env, "TREADLE_API_IDEMPOTENCY_HOURS", 24.0, 0.01, 24 * 30),
             ready_scheduler_window_s=_number(env, "TREADLE_API_READY_SCHEDULER_SECONDS", 60.0, 1, 86400),
             max_body_bytes=int(
                 _number(env, "TREADLE_API_MAX_BODY_BYTES", 1024 * 1024, 1024, 64 * 1024 * 1024)

@@ -56,6 +56,7 @@ def effective(ctx: Context) -> list[dict[str, Any]]:
         "TREADLE_ADMIN_PASSWORD": api.admin_password,
         "TREADLE_API_BEHIND_TLS": api.behind_tls,
         "TREADLE_API_SESSION_HOURS": api.session_hours,
+        "TREADLE_API_IDEMPOTENCY_HOURS": api.idempotency_hours,
         "TREADLE_API_READY_SCHEDULER_SECONDS": api.ready_scheduler_window_s,
         "TREADLE_API_MAX_BODY_BYTES": api.max_body_bytes,
         "TREADLE_API_LOGIN_FAILURES_PER_USER": api.login_limits.per_user,

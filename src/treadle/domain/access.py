@@ -67,19 +67,34 @@ class Action(Enum):
     #: /metrics: its labels name every team's DAGs and tasks.
     READ_METRICS = (Role.VIEWER, Scope.GLOBAL)
     WRITE_POOLS = (Role.OPERATOR, Scope.GLOBAL)
+    #: Dataset owners and grants decide what every team's DAGs may emit to.
+    MANAGE_DATASETS = (Role.ADMIN, Scope.GLOBAL)
     READ_AUDIT = (Role.ADMIN, Scope.GLOBAL)
     MANAGE_USERS = (Role.ADMIN, Scope.GLOBAL)
     OWN_ACCOUNT = (Role.VIEWER, Scope.SELF)
 
+    _least_role: Role
+    _scope: Scope
+
+    def __new__(cls, role: Role, scope: Scope) -> Action:
+        # Numbered, not valued by (role, scope): actions needing the same role in the same scope
+        # (READ_AUDIT, MANAGE_USERS, MANAGE_DATASETS) stay distinct members instead of aliases
+        # of the first, so each denial names the action refused.
+        member = object.__new__(cls)
+        member._value_ = len(cls.__members__) + 1
+        member._least_role = role
+        member._scope = scope
+        return member
+
     @property
     def role(self) -> Role:
         """The least role the action needs."""
-        return self.value[0]
+        return self._least_role
 
     @property
     def scope(self) -> Scope:
         """Where the action applies."""
-        return self.value[1]
+        return self._scope
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -79,12 +79,13 @@ def _check_outlets(
     outlets = {name for s in structures for name in s.outputs()}
     if not outlets:
         return structures
-    decision = decide_outlets(
-        structures,
-        owners=dataset_teams.owners_of(conn, outlets),
-        grants=dataset_teams.grants_of(conn, outlets),
-    )
-    dataset_teams.claim_owners(conn, decision.claims, now=now, by="dag-sync")
+    owners = dataset_teams.owners_of(conn, outlets)
+    grants = dataset_teams.grants_of(conn, outlets)
+    decision = decide_outlets(structures, owners=owners, grants=grants)
+    claimed = dataset_teams.claim_owners(conn, decision.claims, now=now, by="dag-sync")
+    if any(claimed.get(d) != team for d, team in decision.claims.items()):
+        # A concurrent sync claimed one of these datasets first: decide again with its owner.
+        decision = decide_outlets(structures, owners={**owners, **claimed}, grants=grants)
     for structure in structures:
         refusals = decision.refused.get(structure.dag_id)
         if refusals:

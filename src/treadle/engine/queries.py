@@ -78,6 +78,11 @@ def run_for_operators(db: Database, run: RunInfo) -> RunInfo:
     return shown
 
 
+def task_instance(db: Database, task_instance_id: int) -> TaskInstanceInfo | None:
+    """One task instance by id, in whatever state (None: no such id)."""
+    return db.query(lambda conn: ti_store.get_task_instance(conn, task_instance_id))
+
+
 def run_detail(db: Database, run_id: str) -> RunDetail:
     """A run with everything recorded about it, secret params masked."""
 

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Connection
 
 from treadle.errors import InvalidRequest
+from treadle.store import idempotency as key_store
 from treadle.store import retention as retention_store
 from treadle.store.database import Database, db_now
 from treadle.store.retention import PrunedRows
@@ -59,8 +60,8 @@ def prune(
     max_batches: int | None = None,
     on_deleted: Callable[[list[str]], object] | None = None,
 ) -> PruneReport:
-    """Delete finished runs (with their children) and workers older than `older_than`, and audit
-    entries older than `audit_older_than`.
+    """Delete finished runs (with their children) and workers older than `older_than`, audit
+    entries older than `audit_older_than`, and expired Idempotency-Keys.
 
     The cutoffs are the database clock minus each age, read once, so every batch prunes against
     the same instant. Only runs in a terminal state whose `ended_at` is before the cutoff are
@@ -92,13 +93,17 @@ def prune(
     audit_cutoff = now - audit_older_than if audit_older_than is not None else None
     if dry_run:
         rows = db.query(
-            lambda conn: retention_store.count_prunable(conn, cutoff=cutoff, audit_cutoff=audit_cutoff)
+            lambda conn: retention_store.count_prunable(
+                conn, cutoff=cutoff, audit_cutoff=audit_cutoff, now=now
+            )
         )
         return PruneReport(cutoff=cutoff, audit_cutoff=audit_cutoff, dry_run=True, batches=0, rows=rows)
     total, batches = PrunedRows(), 0
     while max_batches is None or batches < max_batches:
         deleted, run_ids = db.transact(
-            lambda conn: _prune_batch(conn, cutoff=cutoff, audit_cutoff=audit_cutoff, batch_runs=batch_runs)
+            lambda conn: _prune_batch(
+                conn, cutoff=cutoff, audit_cutoff=audit_cutoff, now=now, batch_runs=batch_runs
+            )
         )
         if on_deleted is not None and run_ids:
             on_deleted(run_ids)
@@ -123,7 +128,12 @@ def check_ages(older_than: timedelta | None, audit_older_than: timedelta | None)
 
 
 def _prune_batch(
-    conn: Connection, *, cutoff: datetime | None, audit_cutoff: datetime | None, batch_runs: int
+    conn: Connection,
+    *,
+    cutoff: datetime | None,
+    audit_cutoff: datetime | None,
+    now: datetime,
+    batch_runs: int,
 ) -> tuple[PrunedRows, list[str]]:
     limit = batch_runs * ROWS_PER_RUN
     audit = (
@@ -131,12 +141,15 @@ def _prune_batch(
         if audit_cutoff is not None
         else 0
     )
+    keys = key_store.delete_expired(conn, now=now, limit=limit)
     if cutoff is None:
-        return PrunedRows(audit_log=audit), []
+        return PrunedRows(audit_log=audit, idempotency_keys=keys), []
     run_ids = retention_store.lock_old_runs(conn, cutoff=cutoff, limit=batch_runs)
     runs = retention_store.delete_runs(conn, run_ids)
     others = PrunedRows(
-        audit_log=audit, workers=retention_store.delete_old_workers(conn, cutoff=cutoff, limit=limit)
+        audit_log=audit,
+        workers=retention_store.delete_old_workers(conn, cutoff=cutoff, limit=limit),
+        idempotency_keys=keys,
     )
     return runs + others, list(run_ids)
 

@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -105,6 +106,25 @@ _SQLITE_BUSY_S = 30.0
 _CONNECT_TIMEOUT_S = 10
 
 
+class Enlistment:
+    """A write joining the next write transaction of the current context (`Database.enlisted`).
+
+    `join(conn)` runs first in that transaction, and again in each retry of it; once one of its
+    attempts commits, or ends with an error that is not the database's (a refusal), the
+    enlistment is spent and later transactions of the context run without it.
+    """
+
+    def __init__(self, join: Callable[[Connection], None]) -> None:
+        self.join = join
+        #: True once a transaction it joined committed or was refused.
+        self.spent = False
+        #: True once a transaction it joined committed (its write is in the database).
+        self.committed = False
+
+
+_ENLISTED: ContextVar[Enlistment | None] = ContextVar("treadle_enlisted", default=None)
+
+
 class Database:
     """One database: the engine, write and read transactions, and the database clock."""
 
@@ -171,14 +191,43 @@ class Database:
         once it has committed; never on rollback.
         """
         pending = None
-        with self.engine.begin() as conn:
-            conn.info.pop(dialects.PENDING_WAKEUPS, None)
-            try:
-                yield conn
-            finally:
-                pending = conn.info.pop(dialects.PENDING_WAKEUPS, None)
+        enlisted = _ENLISTED.get()
+        if enlisted is not None and enlisted.spent:
+            enlisted = None
+        try:
+            with self.engine.begin() as conn:
+                conn.info.pop(dialects.PENDING_WAKEUPS, None)
+                try:
+                    if enlisted is not None:
+                        enlisted.join(conn)
+                    yield conn
+                finally:
+                    pending = conn.info.pop(dialects.PENDING_WAKEUPS, None)
+        except sa.exc.DBAPIError:
+            raise  # a database error: `transact` may retry, and the enlistment joins the retry
+        except BaseException:
+            if enlisted is not None:
+                enlisted.spent = True
+            raise
+        if enlisted is not None:
+            enlisted.spent = enlisted.committed = True
         if pending and self.wakeups is not None:
             self.wakeups.publish(pending)
+
+    @contextmanager
+    def enlisted(self, join: Callable[[Connection], None]) -> Iterator[Enlistment]:
+        """Within the block, `join(conn)` runs first in the next write transaction of this
+        context (thread or task), so its write commits or rolls back with that transaction's.
+
+        The API claims an Idempotency-Key this way inside the use case's own transaction; reads
+        (`query`) never join.
+        """
+        enlistment = Enlistment(join)
+        token = _ENLISTED.set(enlistment)
+        try:
+            yield enlistment
+        finally:
+            _ENLISTED.reset(token)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

@@ -49,16 +49,20 @@ def grants_of(conn: Connection, names: Iterable[str]) -> dict[str, frozenset[str
     return {d: frozenset(t) for d, t in found.items()}
 
 
-def claim_owners(conn: Connection, claims: Mapping[str, str], *, now: datetime, by: str) -> None:
-    """Make each team the owner of its claimed datasets that still have none (others are left)."""
-    if claims:
-        conn.execute(
-            dialects.insert_ignore(conn, dataset_owners),
-            [
-                {"dataset": d, "team": t, "created_at": now, "created_by": by}
-                for d, t in sorted(claims.items())
-            ],
-        )
+def claim_owners(conn: Connection, claims: Mapping[str, str], *, now: datetime, by: str) -> dict[str, str]:
+    """Make each team the owner of its claimed datasets that still have none; returns the owner
+    of every claimed dataset afterwards (another team's where a concurrent claim came first).
+
+    The insert skips a dataset whose row exists; one another transaction is inserting makes it
+    wait for that one's commit (PostgreSQL, MySQL), so the owners read back are the winners.
+    """
+    if not claims:
+        return {}
+    conn.execute(
+        dialects.insert_ignore(conn, dataset_owners),
+        [{"dataset": d, "team": t, "created_at": now, "created_by": by} for d, t in sorted(claims.items())],
+    )
+    return owners_of(conn, claims)
 
 
 def set_owner(conn: Connection, dataset: str, *, team: str, now: datetime, by: str) -> str | None:

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from treadle.domain.states import TERMINAL_RUN_STATES
+from treadle.store import idempotency
 from treadle.store.tables import (
     audit_log,
     dag_runs,
@@ -38,6 +39,8 @@ class PrunedRows:
     job_cancellations: int = 0
     audit_log: int = 0
     workers: int = 0
+    #: Expired Idempotency-Keys (they carry their own expiry; pruned whatever the cutoffs).
+    idempotency_keys: int = 0
 
     def __add__(self, other: PrunedRows) -> PrunedRows:
         return PrunedRows(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -67,18 +70,22 @@ def _old_worker_condition(cutoff: datetime) -> sa.ColumnElement[bool]:
     return workers.c.last_heartbeat_at < cutoff
 
 
-def count_prunable(conn: Connection, *, cutoff: datetime | None, audit_cutoff: datetime | None) -> PrunedRows:
+def count_prunable(
+    conn: Connection, *, cutoff: datetime | None, audit_cutoff: datetime | None, now: datetime | None = None
+) -> PrunedRows:
     """Count every row a full prune would delete, per table (reads only).
 
-    `cutoff` bounds runs and workers (None: none go), `audit_cutoff` audit entries (None: none go).
+    `cutoff` bounds runs and workers (None: none go), `audit_cutoff` audit entries (None: none go),
+    `now` the Idempotency-Keys that expired (None: none go).
     """
 
     def count(table: sa.Table, condition: sa.ColumnElement[bool]) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(condition)).scalar_one())
 
     audit = count(audit_log, audit_log.c.at < audit_cutoff) if audit_cutoff is not None else 0
+    keys = idempotency.count_expired(conn, now=now) if now is not None else 0
     if cutoff is None:
-        return PrunedRows(audit_log=audit)
+        return PrunedRows(audit_log=audit, idempotency_keys=keys)
     old_runs = sa.select(dag_runs.c.run_id).where(_old_run_condition(cutoff)).scalar_subquery()
     return PrunedRows(
         dag_runs=count(dag_runs, _old_run_condition(cutoff)),
@@ -89,6 +96,7 @@ def count_prunable(conn: Connection, *, cutoff: datetime | None, audit_cutoff: d
         job_cancellations=count(job_cancellations, job_cancellations.c.run_id.in_(old_runs)),
         audit_log=audit,
         workers=count(workers, _old_worker_condition(cutoff)),
+        idempotency_keys=keys,
     )
 
 

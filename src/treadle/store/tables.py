@@ -589,3 +589,25 @@ outbox = sa.Table(
     sa.Index(None, "state", "next_attempt_at"),
     **MYSQL_OPTIONS,
 )
+
+#: Idempotency-Key claims of the API (0015): one row per (caller, route, key), written in the
+#: transaction that made the change, then completed with the response a retry gets back.
+#: `key_hash` is the sha256 of the three, so the primary key stays short on every database.
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("key_hash", sa.String(64), primary_key=True),
+    #: sha256 of what the request asked (method, path, canonical body): a reuse must match it.
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    #: The method and path of that request, for the message when a key is reused elsewhere.
+    sa.Column("request_line", sa.String(500), nullable=False),
+    #: A random token of the request that claimed the key (a retry of it is another request).
+    sa.Column("claim", sa.String(32), nullable=False),
+    #: The response once recorded; NULL while the claiming request has not answered.
+    sa.Column("status_code", sa.Integer, nullable=True),
+    sa.Column("response", JSONType, nullable=True),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("expires_at", UTCDateTime, nullable=False),
+    sa.Index(None, "expires_at"),
+    **MYSQL_OPTIONS,
+)

@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request, status
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from treadle.api.deps import authorize, get_db, require
 from treadle.api.guard import API, Caller
+from treadle.api.idempotency import RESPONSES, IdempotencyKey, answer_once
 from treadle.api.routes.dags import dag_or_404
 from treadle.api.schemas import Reason, RowId, Strict
 from treadle.domain.access import Action
@@ -80,7 +82,7 @@ def dry_run(
     "/dags/{dag_id}/backfills",
     response_model=BackfillInfo,
     status_code=status.HTTP_201_CREATED,
-    responses={429: {"description": "Overloaded: a limit on queued task instances"}},
+    responses={429: {"description": "Overloaded: a limit on queued task instances"}, **RESPONSES},
 )
 def create(
     dag_id: str,
@@ -88,18 +90,26 @@ def create(
     request: Request,
     db: Db,
     caller: Annotated[Caller, require(Action.RUN_BACKFILL)],
-) -> BackfillInfo:
+    idempotency_key: IdempotencyKey = None,
+) -> BackfillInfo | JSONResponse:
     """Record a backfill; the scheduler leader starts its runs, at most `max_active` at once.
 
-    Refused with 429 when its first runs would exceed a limit on queued task instances.
+    Refused with 429 when its first runs would exceed a limit on queued task instances. With an
+    `Idempotency-Key`, a retry gets the first response and records no second backfill.
     """
     authorize(caller, Action.RUN_BACKFILL, team=dag_or_404(db, dag_id).team)
-    return backfill_actions.create_backfill(
-        db,
-        requested_by=caller.principal.actor,
-        address=caller.address,
-        admission=request.app.state.admission,
-        **_request(request, dag_id, body),  # type: ignore[arg-type]
+
+    def make() -> BackfillInfo:
+        return backfill_actions.create_backfill(
+            db,
+            requested_by=caller.principal.actor,
+            address=caller.address,
+            admission=request.app.state.admission,
+            **_request(request, dag_id, body),  # type: ignore[arg-type]
+        )
+
+    return answer_once(
+        request, caller, key=idempotency_key, body=body, status_code=201, model=BackfillInfo, make=make
     )
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi.responses import JSONResponse
 
 from treadle.api.deps import authorize, get_db, require
 from treadle.api.guard import API, Caller
+from treadle.api.idempotency import RESPONSES, IdempotencyKey, answer_once
 from treadle.api.schemas import DagDetail, Identifier, ScheduleOut, TriggerRequest
 from treadle.domain.access import Action, Role
 from treadle.domain.records import DagInfo, LoadErrorInfo, RunInfo
@@ -101,7 +103,7 @@ def unpause(dag_id: str, db: Db, caller: Annotated[Caller, require(Action.PAUSE_
     "/dags/{dag_id}/runs",
     response_model=RunInfo,
     status_code=status.HTTP_201_CREATED,
-    responses={429: {"description": "Overloaded: a limit on queued task instances"}},
+    responses={429: {"description": "Overloaded: a limit on queued task instances"}, **RESPONSES},
 )
 def trigger(
     dag_id: str,
@@ -109,21 +111,29 @@ def trigger(
     request: Request,
     db: Db,
     caller: Annotated[Caller, require(Action.TRIGGER_RUN)],
-) -> RunInfo:
+    idempotency_key: IdempotencyKey = None,
+) -> RunInfo | JSONResponse:
     """Start a manual run; a conf that breaks the params schema is a 422 listing every violation.
 
     A run that would exceed a limit on queued task instances is refused: 429 with Retry-After,
-    the body naming the limit (`limit.setting`).
+    the body naming the limit (`limit.setting`). With an `Idempotency-Key`, a retry gets the
+    first response and starts no second run.
     """
     dag = dag_or_404(db, dag_id)
     authorize(caller, Action.TRIGGER_RUN, team=dag.team)
-    run = trigger_run(
-        db,
-        dag_id,
-        conf=body.conf,
-        triggered_by=caller.principal.actor,
-        default_queue_timeout_s=request.app.state.queue_timeout_s,
-        address=caller.address,
-        admission=request.app.state.admission,
+
+    def make() -> RunInfo:
+        run = trigger_run(
+            db,
+            dag_id,
+            conf=body.conf,
+            triggered_by=caller.principal.actor,
+            default_queue_timeout_s=request.app.state.queue_timeout_s,
+            address=caller.address,
+            admission=request.app.state.admission,
+        )
+        return queries.run_for_operators(db, run)
+
+    return answer_once(
+        request, caller, key=idempotency_key, body=body, status_code=201, model=RunInfo, make=make
     )
-    return queries.run_for_operators(db, run)

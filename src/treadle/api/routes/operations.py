@@ -6,9 +6,11 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
+from fastapi.responses import JSONResponse
 
 from treadle.api.deps import authorize, get_db, get_settings, require
 from treadle.api.guard import API, Caller
+from treadle.api.idempotency import RESPONSES, IdempotencyKey, answer_once
 from treadle.api.routes.dags import dag_or_404
 from treadle.api.schemas import (
     AuditPage,
@@ -22,6 +24,7 @@ from treadle.api.schemas import (
 from treadle.api.settings import ApiSettings
 from treadle.domain.access import Action, Role
 from treadle.domain.records import TaskInstanceInfo, WorkerInfo
+from treadle.domain.states import TaskState
 from treadle.engine import accounts, backfill_actions, datasets, inspection, pools, queries
 from treadle.engine import dead_letters as letters
 from treadle.engine.backfill_actions import BackfillDetail, BackfillStatus
@@ -62,17 +65,36 @@ def grouped_dead_letters(
     return letters.group_dead_letters(list_dead_letters(db, caller))
 
 
-@router.post("/dead-letters/{task_instance_id}/requeue", response_model=TaskInstanceInfo)
+@router.post("/dead-letters/{task_instance_id}/requeue", response_model=TaskInstanceInfo, responses=RESPONSES)
 def requeue_one(
-    task_instance_id: BigRowId, db: Db, caller: Annotated[Caller, require(Action.REQUEUE_DEAD_LETTER)]
-) -> TaskInstanceInfo:
-    """Queue one dead letter again with a fresh retry budget."""
-    found = next((d for d in letters.list_dead_letters(db) if d.task_instance.id == task_instance_id), None)
+    task_instance_id: BigRowId,
+    request: Request,
+    db: Db,
+    caller: Annotated[Caller, require(Action.REQUEUE_DEAD_LETTER)],
+    idempotency_key: IdempotencyKey = None,
+) -> TaskInstanceInfo | JSONResponse:
+    """Queue one dead letter again with a fresh retry budget.
+
+    With an `Idempotency-Key`, a retry gets the first response, even once the instance ran and
+    failed again, and requeues nothing more.
+    """
+
+    found = queries.task_instance(db, task_instance_id)
     if found is None:
         raise TaskInstanceNotFound(f"no dead letter {task_instance_id}")
-    authorize(caller, Action.REQUEUE_DEAD_LETTER, team=dag_or_404(db, found.task_instance.dag_id).team)
-    return letters.requeue_dead_letter(
-        db, task_instance_id, actor=caller.principal.actor, address=caller.address
+    authorize(caller, Action.REQUEUE_DEAD_LETTER, team=dag_or_404(db, found.dag_id).team)
+
+    def make() -> TaskInstanceInfo:
+        # Checked here, not above: a retry with the key gets its answer although the instance
+        # is no dead letter any more.
+        if found.state != TaskState.DEAD_LETTER.value:
+            raise TaskInstanceNotFound(f"no dead letter {task_instance_id}")
+        return letters.requeue_dead_letter(
+            db, task_instance_id, actor=caller.principal.actor, address=caller.address
+        )
+
+    return answer_once(
+        request, caller, key=idempotency_key, body=None, status_code=200, model=TaskInstanceInfo, make=make
     )
 
 
