@@ -1,7 +1,7 @@
 """Alerts raised by declarative rules: one per rule and occurrence, repeats deduplicated
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 Create Date: 2026-12-02
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 import treadle.store.tables
 
 revision = "0016"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
