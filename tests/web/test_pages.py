@@ -253,3 +253,48 @@ def test_an_inactive_dag_says_so_and_its_trigger_is_refused(web: Web) -> None:
     refused = client.post("/dags/web_pipeline/trigger", data={"csrf_token": csrf, "limit": "3"})
     assert refused.status_code == 200 and "inactive" in refused.text
     assert queries.list_runs(web.db, dag_id="web_pipeline") == []
+
+
+def _grid_cells(html: str) -> dict[str, tuple[str, dict[str, dict[str, int]]]]:
+    """Task -> (its states by run, oldest first, as the page's script reads them; mapped counts)."""
+    import json
+    from html import unescape
+
+    codes = re.search(r'<table class="grid" data-codes="([^"]+)"', html)
+    assert codes, "the grid carries no state codes"
+    names = dict(pair.split(":", 1) for pair in codes.group(1).split(","))
+    found = {}
+    for task, cells, mapped in re.findall(
+        r'<tr data-task="([^"]+)" data-cells="([^"]*)"(?: data-mapped="([^"]*)")?>', html
+    ):
+        states = ",".join(names.get(c, "none") for c in cells)
+        found[task] = (states, json.loads(unescape(mapped)) if mapped else {})
+    return found
+
+
+def test_the_grid_sends_state_codes_and_follows_a_requeued_finished_run(web: Web) -> None:
+    web.marker.touch()
+    first = web.runner.trigger({"limit": 3})
+    assert web.runner.run_until_done(first).state == "success"
+    web.marker.unlink()
+    second = web.runner.trigger({"limit": 2})
+    assert web.runner.run_until_done(second).state == "failed"
+    client = web.client()
+    csrf = sign_in(client, "fin_operator")
+    for _ in range(2):  # the second read comes from the finished runs' kept columns
+        cells = _grid_cells(client.get("/fragments/dags/web_pipeline/grid").text)
+        assert list(cells) == ["extract", "square", "flaky", "publish"]
+        assert cells["flaky"][0] == "success,dead_letter"
+        assert cells["publish"][0] == "success,upstream_failed"
+        assert cells["square"] == ("success,success", {"0": {"success": 3}, "1": {"success": 3}})
+    page = client.get(f"/dags/web_pipeline?run={second}").text
+    assert 'aria-label="flaky: dead_letter"' in page
+    assert f'href="/runs/{second}/tasks/publish" aria-label="publish: upstream_failed"' in page
+    (group,) = dead_letters.group_dead_letters(dead_letters.list_dead_letters(web.db))
+    web.marker.touch()
+    done = client.post(f"/dead-letters/groups/{group.fingerprint}/requeue", data={"csrf_token": csrf})
+    assert done.status_code == 303
+    assert web.runner.run_until_done(second).state == "success"
+    cells = _grid_cells(client.get("/fragments/dags/web_pipeline/grid").text)
+    assert cells["flaky"][0] == "success,success" and cells["publish"][0] == "success,success"
+    assert 'aria-label="flaky: success"' in client.get(f"/dags/web_pipeline?run={second}").text
