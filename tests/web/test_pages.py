@@ -322,7 +322,7 @@ def test_an_admin_manages_users_and_nobody_else_can(web: Web) -> None:
             "role": "viewer",
         },
     )
-    assert short.status_code == 400 and 'role="alert"' in short.text and "12" in short.text
+    assert short.status_code == 200 and 'role="alert"' in short.text and "12" in short.text
     assert 'value="dana"' in short.text  # the form keeps what was typed (never the password)
     made = chief.post(
         "/users",
@@ -340,7 +340,7 @@ def test_an_admin_manages_users_and_nobody_else_can(web: Web) -> None:
     moved = chief.post("/users/dana/role", data={"csrf_token": csrf, "team": "ops", "role": "operator"})
     assert moved.status_code == 303
     unknown = chief.post("/users/dana/role", data={"csrf_token": csrf, "team": "nope", "role": "viewer"})
-    assert unknown.status_code == 400 and "no team &#39;nope&#39;" in unknown.text
+    assert unknown.status_code == 200 and "no team &#39;nope&#39;" in unknown.text
     assert (
         chief.post(
             "/users/dana/role", data={"csrf_token": csrf, "team": "finance", "role": "none"}
@@ -355,7 +355,7 @@ def test_an_admin_manages_users_and_nobody_else_can(web: Web) -> None:
     assert dana.memberships == {"ops": Role.OPERATOR} and not dana.is_active
     assert "/users/dana/enable" in _post_forms(chief.get("/users").text)
     mine = chief.post("/users/chief/disable", data={"csrf_token": csrf})
-    assert mine.status_code == 400 and "your own account" in mine.text
+    assert mine.status_code == 200 and "your own account" in mine.text
     actions = [e.action for e in accounts.list_audit(web.db, actor="user:chief", limit=50)]
     assert {"user.create", "user.set_role", "user.disable", "api.request"} <= set(actions)
     for name in ("fin_operator", "fin_viewer"):
@@ -397,7 +397,7 @@ def test_api_tokens_are_shown_once_scoped_to_the_users_roles_and_revoked(web: We
             "expires_in_days": "30",
         },
     )
-    assert too_much.status_code == 400 and "is not operator in team &#39;finance&#39;" in too_much.text
+    assert too_much.status_code == 200 and "is not operator in team &#39;finance&#39;" in too_much.text
     bad_days = client.post(
         "/tokens",
         data={
@@ -408,7 +408,7 @@ def test_api_tokens_are_shown_once_scoped_to_the_users_roles_and_revoked(web: We
             "expires_in_days": "soon",
         },
     )
-    assert bad_days.status_code == 400 and "not a whole number: &#39;soon&#39;" in bad_days.text
+    assert bad_days.status_code == 200 and "not a whole number: &#39;soon&#39;" in bad_days.text
     made = client.post(
         "/tokens",
         data={"csrf_token": csrf, "name": "ci", "team": "finance", "role": "viewer", "expires_in_days": "30"},
@@ -452,10 +452,10 @@ def test_pools_show_their_use_and_only_global_operators_resize_them(web: Web) ->
     assert "No pools yet" in chief.get("/pools").text
     bad = chief.post("/pools", data={"csrf_token": csrf, "name": "warehouse", "slots": "many"})
     assert (
-        bad.status_code == 400 and "slots: not a whole number" in bad.text and 'value="warehouse"' in bad.text
+        bad.status_code == 200 and "slots: not a whole number" in bad.text and 'value="warehouse"' in bad.text
     )
     negative = chief.post("/pools", data={"csrf_token": csrf, "name": "warehouse", "slots": "-1"})
-    assert negative.status_code == 400 and "between 0 and" in negative.text
+    assert negative.status_code == 200 and "between 0 and" in negative.text
     made = chief.post(
         "/pools",
         data={"csrf_token": csrf, "name": "warehouse", "slots": "4", "description": "the DWH's connections"},

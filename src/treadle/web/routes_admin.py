@@ -52,14 +52,12 @@ def _users_page(
     request: Request,
     db: Database,
     *,
-    status: int = 200,
     error: str = "",
     values: dict[str, str] | None = None,
 ) -> Response:
     return page(
         request,
         "users.html",
-        status=status,
         title="Users",
         users=accounts.list_users(db),
         teams=_teams(db),
@@ -95,7 +93,7 @@ def create_user(
             temporary=form.has("temporary"),
         )
     except TreadleError as exc:
-        return _users_page(request, db, status=400, error=str(exc), values=values)
+        return _users_page(request, db, error=str(exc), values=values)
     return see_other("/users?done=created")
 
 
@@ -114,17 +112,17 @@ def set_role(
     try:
         accounts.set_role(db, username, team=team, role=role, by=audit_caller(caller))
     except TreadleError as exc:
-        return _users_page(request, db, status=400, error=f"{username}: {exc}")
+        return _users_page(request, db, error=f"{username}: {exc}")
     return see_other(f"/users?done=role#user-{username}")
 
 
 def _set_active(request: Request, db: Database, caller: Caller, username: str, *, active: bool) -> Response:
     if not active and username == caller.principal.username:
-        return _users_page(request, db, status=400, error="you cannot disable your own account")
+        return _users_page(request, db, error="you cannot disable your own account")
     try:
         accounts.set_active(db, username, active=active, by=audit_caller(caller))
     except TreadleError as exc:
-        return _users_page(request, db, status=400, error=f"{username}: {exc}")
+        return _users_page(request, db, error=f"{username}: {exc}")
     return see_other(f"/users?done={'enabled' if active else 'disabled'}#user-{username}")
 
 
@@ -217,7 +215,7 @@ def create_token(
             by=audit_caller(caller),
         )
     except TreadleError as exc:
-        return _tokens_page(request, db, caller, status=400, error=str(exc), values=values)
+        return _tokens_page(request, db, caller, error=str(exc), values=values)
     return _tokens_page(request, db, caller, status=201, secret=secret, created=record)
 
 
@@ -250,7 +248,6 @@ def _pools_page(
     return page(
         request,
         "pools.html",
-        status=status,
         title="Pools",
         pools=pools.list_pools(db),
         error=error,
@@ -288,5 +285,5 @@ def save_pool(
             description = known[name].description
         pools.set_pool(db, name, slots=slots, description=description, actor=caller.principal.actor)
     except TreadleError as exc:
-        return _pools_page(request, db, status=400, error=f"pool {name!r}: {exc}", values=values)
+        return _pools_page(request, db, error=f"pool {name!r}: {exc}", values=values)
     return see_other(f"/pools?done=pool#pool-{name}")
