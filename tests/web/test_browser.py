@@ -269,7 +269,7 @@ def test_trigger_with_bad_then_good_params_and_watch_the_grid(tab: Tab, treadle:
     run_id = page.url.split("?run=")[1].split("#")[0]
     assert queries.run_detail(treadle.db, run_id).run.conf == {"limit": 3}
     page.evaluate("window.__sameDocument = true")
-    header = page.locator(f'.grid .runhead a[href="/runs/{run_id}"]')
+    header = page.locator(f'.grid .runheads a[href="/runs/{run_id}"]')
     expect(header).to_have_class(re.compile(r"s-success"), timeout=45_000)
     expect(page.locator(f'.grid a.cell[href="/runs/{run_id}/tasks/publish"]')).to_have_class(
         re.compile("s-success")

@@ -37,27 +37,28 @@
   // mapped task's counts; each cell becomes a link to its task instance, built here in one pass.
   function drawGrids(root) {
     root.querySelectorAll("table[data-codes]").forEach(function (table) {
+      if (window.performance && performance.mark) { performance.mark("treadle:grid-start"); }
       var names = {};
       table.dataset.codes.split(",").forEach(function (pair) {
         var at = pair.indexOf(":");
         names[pair.slice(0, at)] = pair.slice(at + 1);
       });
-      var runs = Array.prototype.map.call(table.querySelectorAll("thead th[data-run]"), function (th) {
-        return esc(th.dataset.run);
+      var runs = Array.prototype.map.call(table.querySelectorAll("thead [data-run]"), function (el) {
+        return esc(el.dataset.run);
       });
       var body = table.tBodies[0];
       var html = [];
       Array.prototype.forEach.call(body.rows, function (tr) {
         var task = esc(tr.dataset.task || ""), codes = tr.dataset.cells || "";
         var mapped = tr.dataset.mapped ? JSON.parse(tr.dataset.mapped) : {};
-        var out = '<tr><th scope="row">' + task + "</th>";
+        var out = '<tr><th scope="row">' + task + '</th><td><div class="cells">';
         for (var i = 0; i < codes.length; i++) {
           var state = names[codes.charAt(i)];
           if (!state) {
-            out += '<td><span class="cell none" aria-hidden="true"></span></td>';
+            out += '<span class="cell none" aria-hidden="true"></span>';
             continue;
           }
-          var cls = "cell s-" + state, label = task + ": " + state, text = "", counts = mapped[i];
+          var cls = "cell s-" + state, label = task + " in " + runs[i] + ": " + state, text = "", counts = mapped[i];
           if (counts) {
             var total = 0, parts = [];
             Object.keys(counts).sort().forEach(function (s) {
@@ -66,12 +67,12 @@
             });
             cls += " mapped";
             text = String(total);
-            label = task + ": " + total + " mapped (" + parts.join(", ") + ")";
+            label = task + " in " + runs[i] + ": " + total + " mapped (" + parts.join(", ") + ")";
           }
-          out += '<td><a class="' + cls + '" href="/runs/' + runs[i] + "/tasks/" + task + '" title="' +
-            label + '">' + text + "</a></td>";
+          out += '<a class="' + cls + '" href="/runs/' + runs[i] + "/tasks/" + task + '" title="' +
+            label + '">' + text + "</a>";
         }
-        html.push(out + "</tr>");
+        html.push(out + "</div></td></tr>");
       });
       body.innerHTML = html.join("");
       table.removeAttribute("data-codes");
