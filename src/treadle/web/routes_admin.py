@@ -18,7 +18,7 @@ from treadle.engine import accounts, pools
 from treadle.errors import AccountNotFound, InvalidRequest, PermissionDenied, TreadleError
 from treadle.store.database import Database
 from treadle.web.forms import Form, Posted
-from treadle.web.render import page, see_other, shown_errors, viewer
+from treadle.web.render import page, see_other, shown_errors
 
 router = APIRouter(include_in_schema=False)
 Db = Annotated[Database, Depends(get_db)]
