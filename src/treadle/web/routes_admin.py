@@ -45,7 +45,8 @@ def _role(form: Form, field: str = "role") -> Role:
 
 
 def _teams(db: Database) -> list[str]:
-    return [ALL_TEAMS, *(name for name, _ in accounts.list_teams(db))]
+    """Every team, `default` first and every team at once (`*`) last."""
+    return [*(name for name, _ in accounts.list_teams(db)), ALL_TEAMS]
 
 
 def _users_page(
