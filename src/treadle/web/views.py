@@ -506,25 +506,28 @@ def gantt(instances: list[TaskInstanceInfo], *, now: datetime) -> Gantt:
 
 
 class Trend(NamedTuple):
-    """A task's duration trend drawn as a sparkline."""
+    """A task's duration trend drawn as a sparkline, in tenths of a pixel (whole numbers: the
+    trend table of a 500-task DAG writes 12,500 points)."""
 
     #: The polyline's points attribute (`x,y x,y ...`); empty: no successful attempt.
     points: str
     #: The newest point (marked with a dot).
-    last: tuple[float, float] | None
+    last: tuple[int, int] | None
     #: The newest duration in seconds.
     latest: float | None
 
 
 def sparkline(values: list[float | None], *, width: float = 160, height: float = 28) -> Trend:
-    """The sparkline of a duration trend (runs without a value skipped) and the latest value."""
-    known = [(i, v) for i, v in enumerate(values) if v is not None]
-    if not known:
+    """The sparkline of a duration trend (runs without a value skipped) and the latest value;
+    coordinates in tenths of a pixel (the SVG's viewBox is ten times its size)."""
+    top = max([v for v in values if v is not None], default=None)
+    if top is None:
         return Trend("", None, None)
-    top = max(v for _, v in known) or 1.0
-    step = width / max(len(values) - 1, 1)
-    points = [(round(i * step, 1), round(height - 3 - v / top * (height - 6), 1)) for i, v in known]
-    return Trend(" ".join(f"{x},{y}" for x, y in points), points[-1], known[-1][1])
+    step = width * 10 / max(len(values) - 1, 1)
+    base, scale = (height - 3) * 10, (height - 6) * 10 / (top or 1.0)
+    points = [(round(i * step), round(base - v * scale)) for i, v in enumerate(values) if v is not None]
+    latest = next(v for v in reversed(values) if v is not None)
+    return Trend(" ".join(["%d,%d" % p for p in points]), points[-1], latest)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
