@@ -527,7 +527,7 @@ def sparkline(values: list[float | None], *, width: float = 160, height: float =
     base, scale = (height - 3) * 10, (height - 6) * 10 / (top or 1.0)
     points = [(round(i * step), round(base - v * scale)) for i, v in enumerate(values) if v is not None]
     latest = next(v for v in reversed(values) if v is not None)
-    return Trend(" ".join(["%d,%d" % p for p in points]), points[-1], latest)
+    return Trend(" ".join([f"{x},{y}" for x, y in points]), points[-1], latest)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
