@@ -5,6 +5,12 @@ Seeds `--runs` one-task runs (default 100,000) and `--wide-runs` runs (default 2
 (the ASGI app driven by a TestClient: the server's time, no network). The DAG page of the wide
 DAG draws its grid of 25 runs x 500 tasks.
 
+The history is made finished with SQL, as it would be in a real database: every run but the
+newest wide one succeeded, with one successful attempt per task; the newest wide run is running
+(a fifth of its tasks done, some running, the rest queued or pending). The pages read finished
+runs' grid columns once and keep them, so the `*_uncached` entries time the same pages with that
+cache emptied before each request (the first view after a restart, or 25 runs all still live).
+
 Prints one JSON object: p50 / p95 / max and the HTML size per page.
 """
 
@@ -34,6 +40,7 @@ from treadle.store import migrate
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
 from treadle.store.database import Database, db_now
+from treadle.web import views
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -81,9 +88,41 @@ def seed(db: Database, runs: int, wide_runs: int) -> list[str]:
             run_store.insert_runs(conn, [run])
             ti_store.insert_task_instances(conn, rows)
         wide_ids.append(run.run_id)
+    finish(db, newest=wide_ids[-1] if wide_ids else None)
     with db.begin() as conn:
         conn.exec_driver_sql("ANALYZE")
     return wide_ids
+
+
+def finish(db: Database, *, newest: str | None) -> None:
+    """Every run but `newest` succeeded (tasks and one attempt each, 1-10 s); `newest` runs."""
+    with db.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE dag_runs SET state = 'success', started_at = created_at,"
+            " ended_at = created_at + interval '12 seconds' WHERE run_id <> %(newest)s",
+            {"newest": newest or ""},
+        )
+        conn.exec_driver_sql(
+            "UPDATE task_instances SET state = 'success' WHERE run_id <> %(newest)s", {"newest": newest or ""}
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO task_attempts (task_instance_id, run_id, dag_id, task_id, attempt, outcome,"
+            " worker_id, started_at, ended_at, duration_s)"
+            " SELECT ti.id, ti.run_id, ti.dag_id, ti.task_id, 1, 'success', 'bench', r.started_at,"
+            " r.ended_at, 1 + mod(ti.id, 90) / 10.0 FROM task_instances ti"
+            " JOIN dag_runs r ON r.run_id = ti.run_id WHERE ti.state = 'success'"
+        )
+        if newest is not None:
+            conn.exec_driver_sql(
+                "UPDATE dag_runs SET state = 'running', started_at = created_at WHERE run_id = %(newest)s",
+                {"newest": newest},
+            )
+            conn.exec_driver_sql(
+                "UPDATE task_instances SET state = CASE WHEN mod(id, 5) = 0 THEN 'success'"
+                " WHEN mod(id, 5) = 1 THEN 'running' WHEN mod(id, 5) = 2 THEN 'queued' ELSE 'pending' END"
+                " WHERE run_id = %(newest)s",
+                {"newest": newest},
+            )
 
 
 def _run(version: DagVersion, at: Any) -> Any:  # Any: (RunInfo, rows) as new_run builds them
@@ -126,6 +165,8 @@ def main() -> None:
             "dag_list": "/",
             "dag_page_500_tasks": "/dags/bench_web_wide",
             "grid_fragment_25x500": "/fragments/dags/bench_web_wide/grid",
+            "dag_page_500_tasks_uncached": "/dags/bench_web_wide",
+            "grid_fragment_25x500_uncached": "/fragments/dags/bench_web_wide/grid",
             "dag_page_small_long_history": "/dags/bench_web_small",
             "run_500_tasks": f"/runs/{newest}",
             "task_instance": f"/runs/{newest}/tasks/{task_id.group(1)}",
@@ -138,6 +179,8 @@ def main() -> None:
             times: list[float] = []
             size = 0
             for _ in range(args.repeat):
+                if name.endswith("_uncached"):
+                    views.forget_finished_columns()
                 start = time.perf_counter()
                 response = client.get(path)
                 times.append(time.perf_counter() - start)

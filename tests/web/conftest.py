@@ -66,12 +66,19 @@ class Web:
         return TestClient(app, follow_redirects=False, headers={"Accept": BROWSER_ACCEPT})
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def web_db_url(request: pytest.FixtureRequest) -> str:
+    """SQLite and PostgreSQL (the pages' reads are dialect-free; the store suite covers MariaDB)."""
+    url: str = request.getfixturevalue({"sqlite": "sqlite_url", "postgresql": "pg_url"}[request.param])
+    return url
+
+
 @pytest.fixture
-def web(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Web]:
+def web(web_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Web]:
     """Personas, the bootstrap admin (with its first password), two DAGs and a load error."""
     marker = tmp_path / "feed-is-back"
     monkeypatch.setenv(MARKER_ENV, str(marker))
-    runner = DagRunner(web_pipeline, database_url=sqlite_url)
+    runner = DagRunner(web_pipeline, database_url=web_db_url)
     db = runner.db
     sync_dags(
         db, structures=[ops_cleanup.structure()], scanned_files=[BROKEN_FILE], errors={BROKEN_FILE: BROKEN}

@@ -269,7 +269,7 @@ def test_trigger_with_bad_then_good_params_and_watch_the_grid(tab: Tab, treadle:
     run_id = page.url.split("?run=")[1].split("#")[0]
     assert queries.run_detail(treadle.db, run_id).run.conf == {"limit": 3}
     page.evaluate("window.__sameDocument = true")
-    header = page.locator(f'.grid .runhead a[href="/runs/{run_id}"]')
+    header = page.locator(f'.grid .runheads a[href="/runs/{run_id}"]')
     expect(header).to_have_class(re.compile(r"s-success"), timeout=45_000)
     expect(page.locator(f'.grid a.cell[href="/runs/{run_id}/tasks/publish"]')).to_have_class(
         re.compile("s-success")
@@ -342,6 +342,7 @@ def test_a_viewer_sees_no_mutating_control_and_a_forged_post_is_refused(tab: Tab
         f"/runs/{run_id}",
         f"/runs/{run_id}/tasks/flaky",
         "/dead-letters",
+        "/pools",
     ):
         page = tab.go(path)
         expect(page.locator("main")).to_be_visible()
@@ -369,6 +370,15 @@ def test_a_viewer_sees_no_mutating_control_and_a_forged_post_is_refused(tab: Tab
     assert len(queries.list_runs(treadle.db, dag_id="web_pipeline")) == before
     tab.go("/dags/ops_cleanup", status=403)
     expect(page.locator("h1")).to_have_text("Forbidden")
+    expect(page.get_by_role("link", name="Users")).to_have_count(0)
+    tab.go("/users", status=403)
+    expect(page.locator("main")).to_contain_text("the role admin on every team")
+    forged_user = page.request.post(
+        treadle.url + "/users",
+        form={"csrf_token": csrf, "username": "intruder", "password": PASSWORD, "team": "*", "role": "admin"},
+    )
+    assert forged_user.status == 403
+    assert all(u.username != "intruder" for u in accounts.list_users(treadle.db))
 
 
 def test_every_page_at_desktop_and_phone_width(tab: Tab, treadle: Treadle) -> None:
@@ -396,3 +406,77 @@ def test_every_page_at_desktop_and_phone_width(tab: Tab, treadle: Treadle) -> No
     expect(page.locator("#scheduler dd").first).not_to_have_text("none (handing over)")
     page = tab.go("/audit?action=dag.pause")
     expect(page.locator("tbody tr").first).to_contain_text("user:fin_operator")
+
+
+def test_an_admin_manages_users_tokens_and_pools_from_the_keyboard(tab: Tab, treadle: Treadle) -> None:
+    tab.login("chief")
+    page = tab.go("/")
+    page.get_by_role("link", name="Users").click()
+    expect(page.locator("h1")).to_have_text("Users")
+    form = page.locator("#new-user")
+    form.get_by_label("User name").fill("erin")
+    form.get_by_label("Password", exact=True).fill("short")
+    form.get_by_label("Password", exact=True).press("Enter")
+    expect(page.get_by_role("alert")).to_contain_text("12")
+    form = page.locator("#new-user")
+    expect(form.get_by_label("User name")).to_have_value("erin")
+    form.get_by_label("Password", exact=True).fill(PASSWORD)
+    form.get_by_label("Team").select_option("finance")
+    form.get_by_label("Role").select_option("viewer")
+    form.get_by_label("Password", exact=True).press("Enter")
+    expect(page.get_by_role("status")).to_have_text("User created.")
+    row = page.locator("#user-erin")
+    expect(row).to_contain_text("finance: viewer")
+    row.get_by_label("Team for erin", exact=True).select_option("ops")
+    row.get_by_label("Role of erin", exact=True).select_option("operator")
+    row.get_by_role("button", name="Set the role of erin").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#user-erin")).to_contain_text("ops: operator")
+    tab.shoot("users")
+    page.locator("#user-erin").get_by_role("button", name="Disable erin").click()
+    expect(page.locator("#user-erin")).to_contain_text("disabled")
+    erin = next(u for u in accounts.list_users(treadle.db) if u.username == "erin")
+    assert not erin.is_active and erin.memberships == {"finance": Role.VIEWER, "ops": Role.OPERATOR}
+
+    page.get_by_role("link", name="API tokens").click()
+    page.get_by_label("Name").fill("nightly-export")
+    page.get_by_label("Team").select_option("finance")
+    page.get_by_label("Role").select_option("operator")
+    page.get_by_label("Expires in days").fill("30")
+    page.get_by_label("Expires in days").press("Enter")
+    secret = page.get_by_label("Token for finance as operator")
+    expect(secret).to_have_value(re.compile(r".{20,}"))
+    value = secret.input_value()
+    tab.shoot("token-created")
+    me = page.request.get(treadle.url + "/api/v1/auth/me", headers={"Authorization": f"Bearer {value}"})
+    assert me.status == 200 and me.json()["username"] == "chief"
+    page = tab.go("/tokens")
+    expect(page.locator("main")).not_to_contain_text(value)
+    page.get_by_role("button", name="Revoke token nightly-export").click()
+    expect(page.get_by_role("status")).to_have_text("Token revoked.")
+    expect(page.locator("tbody")).to_contain_text("revoked")
+    tab.shoot("tokens")
+    gone = page.request.get(treadle.url + "/api/v1/auth/me", headers={"Authorization": f"Bearer {value}"})
+    assert gone.status == 401
+
+    page.get_by_role("link", name="Pools").click()
+    page.get_by_label("Name").fill("warehouse")
+    page.get_by_label("Slots", exact=True).fill("4")
+    page.get_by_label("Description").fill("connections to the warehouse")
+    page.get_by_role("button", name="Save pool").click()
+    row = page.locator("#pool-warehouse")
+    expect(row).to_contain_text("0 / 4")
+    row.get_by_label("Slots of warehouse").fill("2")
+    row.get_by_label("Slots of warehouse").press("Enter")
+    expect(page.locator("#pool-warehouse")).to_contain_text("0 / 2")
+    expect(page.locator("#pool-warehouse")).to_contain_text("connections to the warehouse")
+    tab.shoot("pools")
+    audit = {e.action for e in accounts.list_audit(treadle.db, actor="user:chief", limit=100)}
+    assert {
+        "user.create",
+        "user.set_role",
+        "user.disable",
+        "token.create",
+        "token.revoke",
+        "pool.created",
+    } <= audit

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 
 from tests.web.conftest import ADMIN_FIRST, PASSWORD, Web, csrf_of, sign_in
-from treadle.engine import accounts, dead_letters, queries
+from treadle.domain.access import Role
+from treadle.engine import accounts, dead_letters, pools, queries
 
 PAGE_CSP = "script-src 'self'; style-src 'self'"
 
@@ -222,6 +223,9 @@ def test_every_page_keeps_a_strict_csp_without_inline_script_or_style(web: Web) 
         "/operations",
         "/audit",
         "/audit?actor=user:chief&since=2020-01-01T00:00",
+        "/users",
+        "/tokens",
+        "/pools",
         "/login",
     ]
     for path in paths:
@@ -255,3 +259,229 @@ def test_an_inactive_dag_says_so_and_its_trigger_is_refused(web: Web) -> None:
     refused = client.post("/dags/web_pipeline/trigger", data={"csrf_token": csrf, "limit": "3"})
     assert refused.status_code == 200 and "inactive" in refused.text
     assert queries.list_runs(web.db, dag_id="web_pipeline") == []
+
+
+def _grid_cells(html: str) -> dict[str, tuple[str, dict[str, dict[str, int]]]]:
+    """Task -> (its states by run, oldest first, as the page's script reads them; mapped counts)."""
+    import json
+    from html import unescape
+
+    codes = re.search(r'<table class="grid" data-codes="([^"]+)"', html)
+    assert codes, "the grid carries no state codes"
+    names = dict(pair.split(":", 1) for pair in codes.group(1).split(","))
+    found = {}
+    for task, cells, mapped in re.findall(
+        r'<tr data-task="([^"]+)" data-cells="([^"]*)"(?: data-mapped="([^"]*)")?>', html
+    ):
+        states = ",".join(names.get(c, "none") for c in cells)
+        found[task] = (states, json.loads(unescape(mapped)) if mapped else {})
+    return found
+
+
+def test_the_grid_sends_state_codes_and_follows_a_requeued_finished_run(web: Web) -> None:
+    web.marker.touch()
+    first = web.runner.trigger({"limit": 3})
+    assert web.runner.run_until_done(first).state == "success"
+    web.marker.unlink()
+    second = web.runner.trigger({"limit": 2})
+    assert web.runner.run_until_done(second).state == "failed"
+    client = web.client()
+    csrf = sign_in(client, "fin_operator")
+    for _ in range(2):  # the second read comes from the finished runs' kept columns
+        cells = _grid_cells(client.get("/fragments/dags/web_pipeline/grid").text)
+        assert list(cells) == ["extract", "square", "flaky", "publish"]
+        assert cells["flaky"][0] == "success,dead_letter"
+        assert cells["publish"][0] == "success,upstream_failed"
+        assert cells["square"] == ("success,success", {"0": {"success": 3}, "1": {"success": 3}})
+    page = client.get(f"/dags/web_pipeline?run={second}").text
+    assert 'aria-label="flaky: dead_letter"' in page
+    assert f'href="/runs/{second}/tasks/publish" aria-label="publish: upstream_failed"' in page
+    (group,) = dead_letters.group_dead_letters(dead_letters.list_dead_letters(web.db))
+    web.marker.touch()
+    done = client.post(f"/dead-letters/groups/{group.fingerprint}/requeue", data={"csrf_token": csrf})
+    assert done.status_code == 303
+    assert web.runner.run_until_done(second).state == "success"
+    cells = _grid_cells(client.get("/fragments/dags/web_pipeline/grid").text)
+    assert cells["flaky"][0] == "success,success" and cells["publish"][0] == "success,success"
+    assert 'aria-label="flaky: success"' in client.get(f"/dags/web_pipeline?run={second}").text
+
+
+def _post_forms(html: str) -> list[str]:
+    return re.findall(r'<form[^>]*method="post"[^>]*action="([^"]+)"', html)
+
+
+def test_an_admin_manages_users_and_nobody_else_can(web: Web) -> None:
+    chief = web.client()
+    csrf = sign_in(chief, "chief")
+    users = chief.get("/users")
+    assert users.status_code == 200 and 'href="/users" aria-current="page"' in users.text
+    assert {"/users", "/users/fin_viewer/role", "/users/fin_viewer/disable"} <= set(_post_forms(users.text))
+    assert "/users/chief/disable" not in _post_forms(users.text)  # not one's own account
+    short = chief.post(
+        "/users",
+        data={
+            "csrf_token": csrf,
+            "username": "dana",
+            "password": "short",
+            "team": "finance",
+            "role": "viewer",
+        },
+    )
+    assert short.status_code == 200 and 'role="alert"' in short.text and "12" in short.text
+    assert 'value="dana"' in short.text  # the form keeps what was typed (never the password)
+    made = chief.post(
+        "/users",
+        data={
+            "csrf_token": csrf,
+            "username": "dana",
+            "password": PASSWORD,
+            "team": "finance",
+            "role": "viewer",
+        },
+    )
+    assert made.status_code == 303 and made.headers["location"] == "/users?done=created"
+    dana = next(u for u in accounts.list_users(web.db) if u.username == "dana")
+    assert dana.memberships == {"finance": Role.VIEWER} and not dana.must_change_password
+    moved = chief.post("/users/dana/role", data={"csrf_token": csrf, "team": "ops", "role": "operator"})
+    assert moved.status_code == 303
+    unknown = chief.post("/users/dana/role", data={"csrf_token": csrf, "team": "nope", "role": "viewer"})
+    assert unknown.status_code == 200 and "no team &#39;nope&#39;" in unknown.text
+    assert (
+        chief.post(
+            "/users/dana/role", data={"csrf_token": csrf, "team": "finance", "role": "none"}
+        ).status_code
+        == 303
+    )
+    dana_client = web.client()
+    sign_in(dana_client, "dana")
+    assert chief.post("/users/dana/disable", data={"csrf_token": csrf}).status_code == 303
+    assert dana_client.get("/").status_code == 303  # the disabled user's session ended
+    dana = next(u for u in accounts.list_users(web.db) if u.username == "dana")
+    assert dana.memberships == {"ops": Role.OPERATOR} and not dana.is_active
+    assert "/users/dana/enable" in _post_forms(chief.get("/users").text)
+    mine = chief.post("/users/chief/disable", data={"csrf_token": csrf})
+    assert mine.status_code == 200 and "your own account" in mine.text
+    actions = [e.action for e in accounts.list_audit(web.db, actor="user:chief", limit=50)]
+    assert {"user.create", "user.set_role", "user.disable", "api.request"} <= set(actions)
+    for name in ("fin_operator", "fin_viewer"):
+        other = web.client()
+        token = sign_in(other, name)
+        assert 'href="/users"' not in other.get("/").text
+        refused = other.get("/users")
+        assert refused.status_code == 403 and "the role admin on every team" in refused.text
+        forged = other.post(
+            "/users",
+            data={
+                "csrf_token": token,
+                "username": f"{name}2",
+                "password": PASSWORD,
+                "team": "finance",
+                "role": "admin",
+            },
+        )
+        assert forged.status_code == 403
+        assert other.post("/users/dana/enable", data={"csrf_token": token}).status_code == 403
+    assert {u.username for u in accounts.list_users(web.db)} >= {"dana"}
+    assert not any(u.username.endswith("2") for u in accounts.list_users(web.db))
+    assert not next(u for u in accounts.list_users(web.db) if u.username == "dana").is_active
+
+
+def test_api_tokens_are_shown_once_scoped_to_the_users_roles_and_revoked(web: Web) -> None:
+    client = web.client()
+    csrf = sign_in(client, "fin_viewer")
+    assert 'href="/tokens"' in client.get("/").text
+    page = client.get("/tokens")
+    assert page.status_code == 200 and "No tokens yet." in page.text
+    too_much = client.post(
+        "/tokens",
+        data={
+            "csrf_token": csrf,
+            "name": "ci",
+            "team": "finance",
+            "role": "operator",
+            "expires_in_days": "30",
+        },
+    )
+    assert too_much.status_code == 200 and "is not operator in team &#39;finance&#39;" in too_much.text
+    bad_days = client.post(
+        "/tokens",
+        data={
+            "csrf_token": csrf,
+            "name": "ci",
+            "team": "finance",
+            "role": "viewer",
+            "expires_in_days": "soon",
+        },
+    )
+    assert bad_days.status_code == 200 and "not a whole number: &#39;soon&#39;" in bad_days.text
+    made = client.post(
+        "/tokens",
+        data={"csrf_token": csrf, "name": "ci", "team": "finance", "role": "viewer", "expires_in_days": "30"},
+    )
+    assert made.status_code == 201
+    secret = re.search(r'id="new-secret" class="mono secret-value" readonly value="([^"]+)"', made.text)
+    assert secret, made.text
+    bearer = {"Authorization": f"Bearer {secret.group(1)}", "Accept": "application/json"}
+    api = web.client()
+    me = api.get("/api/v1/auth/me", headers=bearer)
+    assert me.status_code == 200 and me.json()["username"] == "fin_viewer"
+    listed = client.get("/tokens").text
+    assert secret.group(1) not in listed and "finance: viewer" in listed
+    (record,) = accounts.list_tokens(web.db, username="fin_viewer")
+    # Another user (even an operator) cannot revoke it; its owner can.
+    other = web.client()
+    other_csrf = sign_in(other, "fin_operator")
+    assert other.post(f"/tokens/{record.id}/revoke", data={"csrf_token": other_csrf}).status_code == 404
+    assert api.get("/api/v1/auth/me", headers=bearer).status_code == 200
+    done = client.post(f"/tokens/{record.id}/revoke", data={"csrf_token": csrf})
+    assert done.status_code == 303 and done.headers["location"] == "/tokens?done=revoked"
+    assert api.get("/api/v1/auth/me", headers=bearer).status_code == 401
+    assert "revoked" in client.get("/tokens").text
+    # A token cannot make tokens, even through the page's form.
+    assert api.post(
+        "/tokens", data={"name": "x", "team": "finance", "role": "viewer"}, headers=bearer
+    ).status_code in (
+        401,
+        403,
+    )
+    actions = {e.action for e in accounts.list_audit(web.db, actor="user:fin_viewer", limit=50)}
+    assert {"token.create", "token.revoke"} <= actions
+    chief = web.client()
+    sign_in(chief, "chief")
+    assert "Every user&#39;s tokens" in chief.get("/tokens").text
+
+
+def test_pools_show_their_use_and_only_global_operators_resize_them(web: Web) -> None:
+    chief = web.client()
+    csrf = sign_in(chief, "chief")
+    assert "No pools yet" in chief.get("/pools").text
+    bad = chief.post("/pools", data={"csrf_token": csrf, "name": "warehouse", "slots": "many"})
+    assert (
+        bad.status_code == 200 and "slots: not a whole number" in bad.text and 'value="warehouse"' in bad.text
+    )
+    negative = chief.post("/pools", data={"csrf_token": csrf, "name": "warehouse", "slots": "-1"})
+    assert negative.status_code == 200 and "between 0 and" in negative.text
+    made = chief.post(
+        "/pools",
+        data={"csrf_token": csrf, "name": "warehouse", "slots": "4", "description": "the DWH's connections"},
+    )
+    assert made.status_code == 303
+    resized = chief.post("/pools", data={"csrf_token": csrf, "name": "warehouse", "slots": "2"})
+    assert resized.status_code == 303
+    (pool,) = pools.list_pools(web.db)
+    assert (pool.slots, pool.description) == (2, "the DWH's connections")
+    html = chief.get("/pools").text
+    assert "0 / 2" in html and 'aria-label="0 of 2 slots used"' in html and "/pools" in _post_forms(html)
+    assert {e.action for e in accounts.list_audit(web.db, actor="user:chief", limit=20)} >= {
+        "pool.created",
+        "pool.resized",
+    }
+    for name in ("fin_operator", "fin_viewer"):
+        other = web.client()
+        token = sign_in(other, name)
+        page = other.get("/pools")
+        assert page.status_code == 200 and "warehouse" in page.text
+        assert _post_forms(page.text) == ["/logout"], name
+        forged = other.post("/pools", data={"csrf_token": token, "name": "warehouse", "slots": "50"})
+        assert forged.status_code == 403
+    assert pools.list_pools(web.db)[0].slots == 2

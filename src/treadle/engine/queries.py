@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagStructure
+from treadle.domain.dag_version import DagStructure, DagVersion
 from treadle.domain.graph import topological_order
 from treadle.domain.records import (
     AttemptInfo,
@@ -181,14 +181,19 @@ def list_runs_page(
 
 def dag_structure(db: Database, dag_id: str) -> DagStructure:
     """The structure of a DAG's latest version (tasks, edges, schedule, params schema)."""
+    return dag_version(db, dag_id).structure
 
-    def work(conn: Connection) -> DagStructure:
+
+def dag_version(db: Database, dag_id: str) -> DagVersion:
+    """A DAG's latest version (id, content hash, structure); DagNotFound if none."""
+
+    def work(conn: Connection) -> DagVersion:
         dag = dag_store.get_dag(conn, dag_id)
         if dag is None or dag.latest_version_id is None:
             raise DagNotFound(f"no DAG {dag_id!r} is registered")
         from treadle.engine.dags import versions_of
 
-        return versions_of(db, conn, [dag.latest_version_id])[dag.latest_version_id].structure
+        return versions_of(db, conn, [dag.latest_version_id])[dag.latest_version_id]
 
     return db.query(work)
 

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from treadle.api import problems
 from treadle.api.guard import API
 from treadle.errors import PermissionDenied
-from treadle.web import routes_auth, routes_dags, routes_ops, routes_runs
+from treadle.web import routes_admin, routes_auth, routes_dags, routes_ops, routes_runs
 from treadle.web.public import MEDIA_TYPES, static_files
 from treadle.web.render import page
 
@@ -20,7 +20,7 @@ from treadle.web.render import page
 def mount(app: FastAPI, *, logs_dir: Path | None) -> None:
     """Add the pages and static files to `app` (`logs_dir`: where attempt logs are read)."""
     app.state.logs_dir = logs_dir
-    for module in (routes_auth, routes_dags, routes_runs, routes_ops):
+    for module in (routes_auth, routes_dags, routes_runs, routes_ops, routes_admin):
         app.router.routes.extend(module.router.routes)
     for url, path in static_files().items():
         app.add_api_route(url, _serve(path), include_in_schema=False, methods=["GET"])

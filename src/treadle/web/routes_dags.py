@@ -51,11 +51,11 @@ def _dag_page(
     detail = dag_detail.dag_detail(db, dag_id, runs=1)
     authorize(who.caller, Action.READ_DAG, team=detail.dag.team)
     structure = detail.version.structure
-    order = views.topological(structure)
-    grid = views.grid(db, dag_id, order)
+    drawn = views.drawing(detail.version)
+    grid = views.grid(db, dag_id, drawn.order)
     selected = run or (grid.runs[-1].run_id if grid.runs else None)
     if selected in {r.run_id for r in grid.runs}:
-        states = {task_id: cell.state for (run_id, task_id), cell in grid.cells.items() if run_id == selected}
+        states = grid.states_of(selected)
     else:
         states = views.run_states(db, selected) if selected else {}
     spec = structure.schedule
@@ -73,7 +73,8 @@ def _dag_page(
         detail=detail,
         structure=structure,
         grid=grid,
-        graph=views.graph(structure, states),
+        graph=drawn.graph,
+        states=states,
         selected=selected,
         trends=trends,
         fires=fires,
@@ -108,8 +109,8 @@ def dag_grid(
     who = viewer(request)
     dag = dag_or_404(db, dag_id)
     authorize(who.caller, Action.READ_DAG, team=dag.team)
-    structure = queries.dag_structure(db, dag_id)
-    return fragment("grid.html", grid=views.grid(db, dag_id, views.topological(structure)))
+    order = views.drawing(queries.dag_version(db, dag_id)).order
+    return fragment("grid.html", grid=views.grid(db, dag_id, order, durations=False))
 
 
 def conf_from_form(fields: list[dict[str, Any]], form: Form) -> tuple[dict[str, Any], dict[str, str]]:

@@ -3,7 +3,10 @@ and laid out for drawing: the DAG list rows, the grid, the layered graph, the Ga
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import json
+import threading
+import weakref
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -12,8 +15,9 @@ from markupsafe import Markup, escape
 from sqlalchemy.engine import Connection
 
 from treadle.domain.access import Principal, Role
-from treadle.domain.dag_version import DagStructure
+from treadle.domain.dag_version import DagStructure, DagVersion
 from treadle.domain.records import DagInfo, RunInfo, TaskInstanceInfo
+from treadle.domain.states import TERMINAL_RUN_STATES, TERMINAL_TASK_STATES, TaskState
 from treadle.domain.timetable import ScheduleSpec
 from treadle.engine import queries, schedules
 from treadle.engine.scheduling import LEADER_LEASE
@@ -94,45 +98,56 @@ def worst(states: list[str]) -> str:
     return next((s for s in _PRIORITY if s in present), "pending")
 
 
-class Cell(NamedTuple):
-    """One task of one run in the grid (a mapped task's instances folded into one cell); a
-    named tuple, as a grid may hold 12,500 of them."""
-
-    state: str
-    #: Mapped tasks: how many instances are in each state; empty for a plain task.
-    counts: dict[str, int]
-    href: str
-    label: str
+#: One letter per state in the grid's rows; the page's script turns each back into a cell (the
+#: table carries the mapping in data-codes, so the letters are never spelled out in the script).
+STATE_CODES: dict[str, str] = {
+    state: chr(ord("a") + i)
+    for i, state in enumerate(dict.fromkeys([*_PRIORITY, *(s.value for s in TaskState)]))
+}
+#: The code of a run that has no instance of the task (a task added after the run began).
+NO_CELL = "-"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Grid:
-    """Recent runs (oldest first) by tasks (in graph order)."""
+    """Recent runs (oldest first) by tasks (in graph order), compactly: a 25 x 500 grid is 12,500
+    cells, so each task is one string of state codes, one per run, and the page's script draws
+    the cells (links to their task instances) from it."""
 
     runs: list[RunInfo]
     task_ids: list[str]
-    cells: dict[tuple[str, str], Cell]
+    #: Task -> one STATE_CODES letter per run, oldest first (NO_CELL: the run has no such task).
+    codes: dict[str, str]
+    #: Task -> run column -> how many of a mapped task's instances are in each state.
+    mapped: dict[str, dict[int, dict[str, int]]]
     #: Durations (seconds) of each task's successful attempt per run, oldest run first.
     durations: dict[str, list[float | None]]
 
-    def rows(self) -> list[tuple[str, Markup]]:
-        """Each task with its row of cells as HTML (built here: a 25 x 500 grid is 12,500 cells,
-        too many for a template loop to render quickly)."""
-        found = []
-        empty = '<td><span class="cell none" aria-hidden="true"></span></td>'
-        run_ids = [r.run_id for r in self.runs]
+    def states_of(self, run_id: str) -> dict[str, str]:
+        """Each task's state (a mapped task: the worst of its instances) in one run of the grid."""
+        column = next((i for i, r in enumerate(self.runs) if r.run_id == run_id), None)
+        if column is None:
+            return {}
+        names = {code: state for state, code in STATE_CODES.items()}
+        return {t: names[c[column]] for t, c in self.codes.items() if c[column] != NO_CELL}
+
+    def code_map(self) -> str:
+        """The codes as `letter:state,...` (the table's data-codes)."""
+        return ",".join(f"{code}:{state}" for state, code in STATE_CODES.items())
+
+    def body(self) -> Markup:
+        """The table's rows, each a task with its codes (and a mapped task's counts) as data
+        attributes; the script adds the cells."""
+        rows = []
         for task_id in self.task_ids:
-            parts = []
-            for run_id in run_ids:
-                c = self.cells.get((run_id, task_id))
-                if c is None:
-                    parts.append(empty)
-                    continue
-                mapped, count = (" mapped", str(sum(c.counts.values()))) if c.counts else ("", "")
-                cls = f"cell s-{c.state}{mapped}"
-                parts.append(f'<td><a class="{cls}" href="{c.href}" title="{c.label}">{count}</a></td>')
-            found.append((task_id, Markup("".join(parts))))
-        return found
+            task = escape(task_id)
+            counts = self.mapped.get(task_id)
+            extra = f' data-mapped="{escape(json.dumps(counts, separators=(",", ":")))}"' if counts else ""
+            rows.append(
+                f'<tr data-task="{task}" data-cells="{self.codes[task_id]}"{extra}>'
+                f'<th scope="row">{task}</th></tr>'
+            )
+        return Markup("\n".join(rows))
 
 
 def task_href(run_id: str, task_id: str, map_index: int = -1) -> str:
@@ -141,48 +156,139 @@ def task_href(run_id: str, task_id: str, map_index: int = -1) -> str:
     return f"/runs/{run_id}/tasks/{task_id}{tail}"
 
 
-def grid(db: Database, dag_id: str, task_ids: list[str], *, runs: int = RECENT_RUNS) -> Grid:
-    """The grid of the DAG's newest `runs` runs."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Column:
+    """One run's column of the grid: each task's state code, mapped tasks' counts, durations."""
 
-    def work(
-        conn: Connection,
-    ) -> tuple[list[RunInfo], list[tuple[str, str, int, str]], dict[tuple[str, str], float]]:
-        found = run_store.list_runs(conn, dag_id=dag_id, limit=runs)
-        ids = [r.run_id for r in found]
-        return (
-            list(reversed(found)),
-            grid_store.task_states(conn, ids),
-            grid_store.success_durations(conn, ids),
+    codes: dict[str, str]
+    mapped: dict[str, dict[str, int]]
+    seconds: dict[str, float]
+
+
+class _FinishedColumns:
+    """Columns of finished runs, per database, least recently used dropped first.
+
+    A finished run's task instances no longer change: clearing it or requeueing its dead letters
+    sets the run running again (and a new end time when it finishes), which the key holds. A
+    column is kept only when all its instances are finished too, so a clear that lands between
+    reading the run and reading its instances is never kept.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._by_db: weakref.WeakKeyDictionary[Database, OrderedDict[tuple[str, str, datetime], _Column]] = (
+            weakref.WeakKeyDictionary()
         )
 
-    found, states, seconds = db.query(work)
+    @staticmethod
+    def key(run: RunInfo) -> tuple[str, str, datetime] | None:
+        """The cache key of a finished run (None: the run may still change)."""
+        if run.state not in _FINISHED_RUNS or run.ended_at is None:
+            return None
+        return (run.run_id, run.state, run.ended_at)
+
+    def get(self, db: Database, key: tuple[str, str, datetime]) -> _Column | None:
+        with self._lock:
+            found = self._by_db.get(db)
+            column = found.get(key) if found is not None else None
+            if column is not None and found is not None:
+                found.move_to_end(key)
+            return column
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_db.clear()
+
+    def put(self, db: Database, key: tuple[str, str, datetime], column: _Column) -> None:
+        with self._lock:
+            found = self._by_db.setdefault(db, OrderedDict())
+            found[key] = column
+            while len(found) > self._size:
+                found.popitem(last=False)
+
+
+#: Columns kept: ten DAG grids of 25 runs and some (a 500-task column is about 60 KB).
+FINISHED_COLUMNS = 300
+_FINISHED_RUNS = frozenset(s.value for s in TERMINAL_RUN_STATES)
+_FINISHED_CODES = frozenset(STATE_CODES[s.value] for s in TERMINAL_TASK_STATES)
+_columns = _FinishedColumns(FINISHED_COLUMNS)
+
+
+def forget_finished_columns() -> None:
+    """Drop every kept grid column (they are read again on the next view)."""
+    _columns.clear()
+
+
+def _read_columns(
+    states: list[tuple[str, str, bool, str, int]], seconds: dict[tuple[str, str], float], run_ids: list[str]
+) -> dict[str, _Column]:
+    columns = {r: _Column(codes={}, mapped={}, seconds={}) for r in run_ids}
+    other = STATE_CODES["pending"]
+    for run_id, task_id, is_mapped, state, n in states:
+        column = columns[run_id]
+        if is_mapped:
+            column.mapped.setdefault(task_id, {})[state] = n
+        else:
+            column.codes[task_id] = STATE_CODES.get(state, other)
+    for column in columns.values():
+        for task_id, counts in column.mapped.items():
+            column.codes[task_id] = STATE_CODES.get(worst(list(counts)), other)
+    for (run_id, task_id), value in seconds.items():
+        columns[run_id].seconds[task_id] = value
+    return columns
+
+
+def grid(
+    db: Database, dag_id: str, task_ids: list[str], *, runs: int = RECENT_RUNS, durations: bool = True
+) -> Grid:
+    """The grid of the DAG's newest `runs` runs (tasks of the runs that `task_ids` lacks, e.g.
+    removed from the DAG since, come last). Finished runs' columns are read once and kept.
+    `durations=False`: the runs still going have none (the refreshed grid does not show them)."""
+
+    def work(conn: Connection) -> tuple[list[RunInfo], dict[str, _Column]]:
+        found = list(reversed(run_store.list_runs(conn, dag_id=dag_id, limit=runs)))
+        columns: dict[str, _Column] = {}
+        for r in found:
+            key = _columns.key(r)
+            column = _columns.get(db, key) if key is not None else None
+            if column is not None:
+                columns[r.run_id] = column
+        missing = [r.run_id for r in found if r.run_id not in columns]
+        if missing:
+            timed = [r.run_id for r in found if durations or _columns.key(r) is not None]
+            timed = [r for r in timed if r in missing]
+            read = _read_columns(
+                grid_store.task_states(conn, missing), grid_store.success_durations(conn, timed), missing
+            )
+            for r in found:
+                key = _columns.key(r)
+                column = read.get(r.run_id)
+                if (
+                    column is not None
+                    and key is not None
+                    and _FINISHED_CODES.issuperset(column.codes.values())
+                ):
+                    _columns.put(db, key, column)
+            columns.update(read)
+        return found, columns
+
+    found, by_run = db.query(work)
+    columns = [by_run[r.run_id] for r in found]
     order = list(task_ids)
     known = set(order)
-    grouped: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
-    for run_id, task_id, map_index, state in states:
-        grouped[(run_id, task_id)].append((map_index, state))
-        if task_id not in known:
-            known.add(task_id)
-            order.append(task_id)
-    # Cells carry their href and label escaped for HTML already (Grid.rows joins them as is); the
-    # label leaves the run out: the cell's column header names it.
-    cells: dict[tuple[str, str], Cell] = {}
-    safe_runs = {r.run_id: str(escape(r.run_id)) for r in found}
-    safe_tasks = {t: str(escape(t)) for t in order}
-    for (run_id, task_id), group in grouped.items():
-        run_html, task_html = safe_runs.get(run_id) or str(escape(run_id)), safe_tasks[task_id]
-        href = f"/runs/{run_html}/tasks/{task_html}"
-        if len(group) > 1 or group[0][0] >= 0:
-            mapped = [state for index, state in group if index >= 0]
-            counts = dict(Counter(mapped))
-            summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-            label = f"{task_html}: {len(mapped)} mapped ({summary})"
-            cells[(run_id, task_id)] = Cell(worst(mapped), counts, href, label)
-        else:
-            state = group[0][1]
-            cells[(run_id, task_id)] = Cell(state, {}, href, f"{task_html}: {state}")
-    durations = {t: [seconds.get((r.run_id, t)) for r in found] for t in order}
-    return Grid(runs=found, task_ids=order, cells=cells, durations=durations)
+    for column in columns:
+        for task_id in column.codes:
+            if task_id not in known:
+                known.add(task_id)
+                order.append(task_id)
+    codes = {t: "".join([c.codes.get(t, NO_CELL) for c in columns]) for t in order}
+    mapped: dict[str, dict[int, dict[str, int]]] = {}
+    for i, column in enumerate(columns):
+        for task_id, counts in column.mapped.items():
+            mapped.setdefault(task_id, {})[i] = counts
+    seconds = {t: [c.seconds.get(t) for c in columns] for t in order} if durations else {}
+    return Grid(runs=found, task_ids=order, codes=codes, mapped=mapped, durations=seconds)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,33 +298,87 @@ class Node:
     task_id: str
     x: float
     y: float
-    state: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Edge:
-    """An upstream -> downstream edge as an SVG path."""
-
-    path: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Graph:
-    """The DAG drawn in layers, left to right."""
+    """The DAG drawn in layers, left to right (the same for every view of a DAG version: kept)."""
 
     nodes: list[Node]
-    edges: list[Edge]
+    #: Every upstream -> downstream edge as SVG paths, ready to embed.
+    edges: Markup
     width: float
     height: float
     node_width: float = 170.0
     node_height: float = 34.0
 
+    def svg(self, dag_id: str, states: dict[str, str], selected: str | None) -> Markup:
+        """The drawing, nodes coloured by `states` (task id -> state), each linking to its task
+        instance in run `selected` (built here: a 500-task DAG is 500 nodes)."""
+        w, h = round(self.width), round(self.height)
+        run = escape(selected) if selected else None
+        parts = [
+            f'<svg class="graph" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+            f'aria-label="Task graph of {escape(dag_id)}">'
+            '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
+            'orient="auto"><path d="M0,0 L8,4 L0,8 z" class="arrowhead"/></marker></defs>',
+            self.edges,
+        ]
+        nw, nh = self.node_width, self.node_height
+        for n in self.nodes:
+            state = states.get(n.task_id, "none")
+            task = escape(n.task_id)
+            short = n.task_id if len(n.task_id) <= 27 else n.task_id[:21] + "…"
+            href = f"/runs/{run}/tasks/{task}" if run else "#"
+            light = ' class="on-light"' if state in _LIGHT_NODES else ""
+            parts.append(
+                f'<a href="{href}" aria-label="{task}: {state}"{light}>'
+                f'<rect class="node s-{state}" x="{n.x}" y="{n.y}" rx="6" width="{nw}" height="{nh}"/>'
+                f'<text class="node-label" x="{n.x + 10}" y="{n.y + 21}">{escape(short)}</text>'
+                f"<title>{task}: {state}</title></a>"
+            )
+        parts.append("</svg>")
+        return Markup("\n".join(parts))
+
+
+#: Node states drawn light, so their label is dark.
+_LIGHT_NODES = frozenset({"pending", "scheduled", "skipped", "none", "retry_wait", "upstream_failed"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drawing:
+    """What the pages draw of one DAG version: its tasks in graph order and its layered graph."""
+
+    order: list[str]
+    graph: Graph
+
+
+_drawings: OrderedDict[str, Drawing] = OrderedDict()
+_drawings_lock = threading.Lock()
+#: DAG versions whose drawing is kept.
+DRAWINGS = 64
+
+
+def drawing(version: DagVersion) -> Drawing:
+    """The version's task order and graph, laid out once per version (by its content hash)."""
+    with _drawings_lock:
+        found = _drawings.get(version.version_hash)
+        if found is not None:
+            _drawings.move_to_end(version.version_hash)
+            return found
+    made = Drawing(order=topological(version.structure), graph=graph(version.structure))
+    with _drawings_lock:
+        _drawings[version.version_hash] = made
+        while len(_drawings) > DRAWINGS:
+            _drawings.popitem(last=False)
+    return made
+
 
 def topological(structure: DagStructure) -> list[str]:
     """Task ids with every upstream before its downstream (ties by declaration order)."""
     layer = layers(structure)
-    declared = list(structure.tasks)
-    return sorted(declared, key=lambda t: (layer[t], declared.index(t)))
+    declared = {t: i for i, t in enumerate(structure.tasks)}
+    return sorted(declared, key=lambda t: (layer[t], declared[t]))
 
 
 def layers(structure: DagStructure) -> dict[str, int]:
@@ -238,8 +398,8 @@ def layers(structure: DagStructure) -> dict[str, int]:
     return found
 
 
-def graph(structure: DagStructure, states: dict[str, str]) -> Graph:
-    """The DAG as a layered drawing, nodes coloured by `states` (task id -> state)."""
+def graph(structure: DagStructure) -> Graph:
+    """The DAG as a layered drawing."""
     w, h, gap_x, gap_y, pad = 170.0, 34.0, 60.0, 18.0, 10.0
     layer = layers(structure)
     by_layer: dict[int, list[str]] = defaultdict(list)
@@ -256,8 +416,8 @@ def graph(structure: DagStructure, states: dict[str, str]) -> Graph:
     for col, ids in columns.items():
         for row, task_id in enumerate(ids):
             spots[task_id] = (pad + col * (w + gap_x), pad + row * (h + gap_y))
-    nodes = [Node(task_id=t, x=x, y=y, state=states.get(t, "none")) for t, (x, y) in spots.items()]
-    edges: list[Edge] = []
+    nodes = [Node(task_id=t, x=x, y=y) for t, (x, y) in spots.items()]
+    edges: list[str] = []
     for task_id, task in structure.tasks.items():
         x2, y2 = spots[task_id]
         for up in task.upstream:
@@ -267,12 +427,15 @@ def graph(structure: DagStructure, states: dict[str, str]) -> Graph:
             sx, sy, ex, ey = x1 + w, y1 + h / 2, x2, y2 + h / 2
             mid = (sx + ex) / 2
             edges.append(
-                Edge(path=f"M{sx:.0f},{sy:.0f} C{mid:.0f},{sy:.0f} {mid:.0f},{ey:.0f} {ex - 4:.0f},{ey:.0f}")
+                f'<path class="edge" d="M{sx:.0f},{sy:.0f} C{mid:.0f},{sy:.0f} {mid:.0f},{ey:.0f} '
+                f'{ex - 4:.0f},{ey:.0f}" marker-end="url(#arrow)"/>'
             )
     most = max((len(ids) for ids in columns.values()), default=1)
     width = pad * 2 + (max(columns, default=0) + 1) * (w + gap_x) - gap_x
     height = pad * 2 + most * (h + gap_y) - gap_y
-    return Graph(nodes=nodes, edges=edges, width=width, height=height, node_width=w, node_height=h)
+    return Graph(
+        nodes=nodes, edges=Markup("".join(edges)), width=width, height=height, node_width=w, node_height=h
+    )
 
 
 def run_states(db: Database, run_id: str) -> dict[str, str]:
@@ -342,17 +505,29 @@ def gantt(instances: list[TaskInstanceInfo], *, now: datetime) -> Gantt:
     return Gantt(bars=bars, height=max(len(bars), 1) * row, span_s=span, row_height=row, ticks=ticks)
 
 
-def sparkline(
-    values: list[float | None], *, width: float = 160, height: float = 28
-) -> tuple[list[tuple[float, float]], float | None]:
-    """The (x, y) points of a duration trend (runs without a value skipped) and the latest value."""
-    known = [(i, v) for i, v in enumerate(values) if v is not None]
-    if not known:
-        return [], None
-    top = max(v for _, v in known) or 1.0
-    step = width / max(len(values) - 1, 1)
-    points = [(round(i * step, 1), round(height - 3 - v / top * (height - 6), 1)) for i, v in known]
-    return points, known[-1][1]
+class Trend(NamedTuple):
+    """A task's duration trend drawn as a sparkline, in tenths of a pixel (whole numbers: the
+    trend table of a 500-task DAG writes 12,500 points)."""
+
+    #: The polyline's points attribute (`x,y x,y ...`); empty: no successful attempt.
+    points: str
+    #: The newest point (marked with a dot).
+    last: tuple[int, int] | None
+    #: The newest duration in seconds.
+    latest: float | None
+
+
+def sparkline(values: list[float | None], *, width: float = 160, height: float = 28) -> Trend:
+    """The sparkline of a duration trend (runs without a value skipped) and the latest value;
+    coordinates in tenths of a pixel (the SVG's viewBox is ten times its size)."""
+    top = max([v for v in values if v is not None], default=None)
+    if top is None:
+        return Trend("", None, None)
+    step = width * 10 / max(len(values) - 1, 1)
+    base, scale = (height - 3) * 10, (height - 6) * 10 / (top or 1.0)
+    points = [(round(i * step), round(base - v * scale)) for i, v in enumerate(values) if v is not None]
+    latest = next(v for v in reversed(values) if v is not None)
+    return Trend(" ".join([f"{x},{y}" for x, y in points]), points[-1], latest)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
