@@ -63,6 +63,10 @@ PREFETCH_MIN_IDLE_S = 0.2
 STANDBY_POLL_S = 0.5
 #: A step that took longer than this share of the worker lease counts as a database stall.
 STALL_SHARE = 0.5
+#: A leader's lease is kept alive from a thread of its own while one step runs long (a burst of
+#: due schedules, a large reap), but not past this many leases: a step stuck that long (a hung
+#: connection) lets the lease lapse, so a standby takes over and fencing refuses the old one.
+KEEP_LEASE_FOR_LEASES = 10
 #: Longest wait between two maintenance passes of a leader with nothing in flight, where
 #: wake-ups reach it (a trigger, a clear, a requeue or a new backfill wakes it at once).
 IDLE_TICK_S = 30.0
@@ -118,6 +122,8 @@ class Scheduler:
         self.reachable_since = float("-inf")
         #: Monotonic start of the loop's current step (a stall inside it holds deadlines at once).
         self.step_began = float("inf")
+        #: The same while a step runs, infinity between steps (read by the lease keeper).
+        self.in_step_since = float("inf")
         self.stopping = threading.Event()
         #: Set by a wake-up (work was triggered, cleared, requeued; a backfill created): an idle
         #: leader goes back to a maintenance pass every `tick_s`.
@@ -130,6 +136,8 @@ class Scheduler:
         #: When the next freshness check is due (monotonic).
         self.next_freshness_at = 0.0
         self.fire_pool = ThreadPoolExecutor(max_workers=FIRE_PARALLEL, thread_name_prefix="treadle-fire")
+        #: Held by every lease refresh: the loop's own and the keeper's (`_keep_lease`).
+        self.lease_lock = threading.Lock()
 
     def tick(self) -> dict[str, int]:
         """Run one maintenance pass (deadlines, retries, runs); returns what it changed."""
@@ -155,11 +163,11 @@ class Scheduler:
         total = FireReport()
         width = 1
         while epoch is not None and not self.stopping.is_set():
-            if time.monotonic() >= self.next_lease_at:
-                # A long burst renews the lease between batches instead of letting it lapse.
-                if not self.leadership.refresh() or self.leadership.epoch != epoch:
-                    break
-                self.next_lease_at = time.monotonic() + self.leadership.renew_every_s
+            # A long burst renews the lease between batches instead of letting it lapse.
+            if time.monotonic() >= self.next_lease_at and (
+                not self._refresh_lease() or self.leadership.epoch != epoch
+            ):
+                break
             if not self.leadership.is_leader():
                 break
 
@@ -244,10 +252,7 @@ class Scheduler:
     def step(self) -> float:
         """One turn of the loop; returns how long to sleep before the next."""
         if time.monotonic() >= self.next_lease_at:
-            leading = self.leadership.refresh()
-            self.next_lease_at = time.monotonic() + (
-                self.leadership.renew_every_s if leading else STANDBY_POLL_S
-            )
+            self._refresh_lease()
         if not self.leadership.is_leader():
             # Whatever happened while another scheduler led: look at once on taking over.
             self.idle, self.next_tick_at = False, 0.0
@@ -278,6 +283,47 @@ class Scheduler:
                 prefetch_versions(self.db, within_s=PREFETCH_AHEAD_S)
             wake = min(wake, until_fire)
         return max(0.0, wake)
+
+    def _refresh_lease(self) -> bool:
+        """Renew (or try to take) the leader lease and schedule the next refresh."""
+        with self.lease_lock:
+            leading = self.leadership.refresh()
+            self.next_lease_at = time.monotonic() + (
+                self.leadership.renew_every_s if leading else STANDBY_POLL_S
+            )
+        return leading
+
+    def _keep_lease(self) -> None:
+        """While a step of the leader runs longer than a renewal interval, renew from here.
+
+        The loop renews between steps and between fire batches; one duty can still take longer
+        than the lease under load (a large reap or drain, thousands of runs created). Only a
+        lease already held is renewed (never taken), and only for KEEP_LEASE_FOR_LEASES leases
+        of one step. A failed renewal is the loop's to notice: `is_leader` turns false when the
+        lease's own deadline passes, and every leader write is fenced by its epoch anyway.
+        """
+        every = self.leadership.renew_every_s / 2
+        while not self.stopping.wait(every):
+            running_for = time.monotonic() - self.in_step_since
+            if not (
+                self.leadership.renew_every_s
+                <= running_for
+                <= self.leadership.lease_s * KEEP_LEASE_FOR_LEASES
+            ):
+                continue
+            if not self.leadership.is_leader() or time.monotonic() < self.next_lease_at:
+                continue
+            try:
+                if self._refresh_lease():
+                    log.info(
+                        "lease renewed during a long step",
+                        extra={"event": "scheduler.lease_kept", "step_s": round(running_for, 1)},
+                    )
+            except Exception as exc:  # the database: the loop's own step will meet it too
+                log.warning(
+                    "cannot renew the leader lease during a long step",
+                    extra={"event": "scheduler.lease_keep_failed", "error": str(exc)[:300]},
+                )
 
     def prune_step(self) -> PruneReport | None:
         """Prune one batch of history older than `retention_days` (and of audit entries older than
@@ -323,6 +369,7 @@ class Scheduler:
                 daemon=True,
                 kwargs={"url": self.db.url, "handlers": handlers, "stop": self.stopping},
             ).start()
+        threading.Thread(target=self._keep_lease, name="treadle-lease-keeper", daemon=True).start()
         failures = 0
         while not self.stopping.is_set():
             if self.wake.is_set():
@@ -330,7 +377,7 @@ class Scheduler:
                 if self.idle:  # something may be in flight now: back to a pass every tick_s
                     self.idle = False
                     self.next_tick_at = min(self.next_tick_at, time.monotonic() + self.tick_s)
-            began = self.step_began = time.monotonic()
+            began = self.step_began = self.in_step_since = time.monotonic()
             try:
                 delay = self.step()
                 failures = 0
@@ -341,6 +388,8 @@ class Scheduler:
                 log.exception("scheduler step failed", extra={"event": "scheduler.step_error"})
                 self._database_was_unreachable("a step failed")
                 delay = min(self.tick_s * 2**failures, 30.0) * (0.5 + random.random())
+            finally:
+                self.in_step_since = float("inf")
             # Busy, a wake-up changes nothing (the next pass is at most `tick_s` away).
             (self.wake if self.idle else self.stopping).wait(delay)
         self.fire_pool.shutdown(wait=True)
