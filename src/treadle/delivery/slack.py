@@ -10,6 +10,7 @@ import json
 
 import httpx
 
+from treadle.delivery.webhook import post
 from treadle.domain.alerts import slack_body
 from treadle.domain.outbox import OutboxEntry
 
@@ -27,13 +28,7 @@ class SlackSink:
     def deliver(self, entry: OutboxEntry) -> str | None:
         """Post one alert; None when the receiver took it, else what went wrong."""
         body = json.dumps(slack_body(entry.payload), default=str).encode()
-        try:
-            response = self.client.post(self.url, content=body, headers={"Content-Type": "application/json"})
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"[:2000]
-        if 200 <= response.status_code < 300:
-            return None
-        return f"HTTP {response.status_code}: {response.text[:500]}"
+        return post(self.client, self.url, body, {"Content-Type": "application/json"})
 
     def close(self) -> None:
         """Close the kept-alive connections."""

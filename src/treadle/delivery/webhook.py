@@ -39,6 +39,17 @@ def body_of(entry: OutboxEntry) -> bytes:
     return json.dumps(document, separators=(",", ":"), default=str).encode()
 
 
+def post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str]) -> str | None:
+    """POST `body`; None when the receiver took it (any 2xx), else what went wrong."""
+    try:
+        response = client.post(url, content=body, headers=headers)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"[:2000]
+    if 200 <= response.status_code < 300:
+        return None
+    return f"HTTP {response.status_code}: {response.text[:500]}"
+
+
 class WebhookSink:
     """Posts entries to `url` (connections kept alive; safe to share between threads)."""
 
@@ -58,13 +69,7 @@ class WebhookSink:
         }
         if self.secret:
             headers["X-Treadle-Signature"] = signature(self.secret, timestamp=timestamp, body=body)
-        try:
-            response = self.client.post(self.url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"[:2000]
-        if 200 <= response.status_code < 300:
-            return None
-        return f"HTTP {response.status_code}: {response.text[:500]}"
+        return post(self.client, self.url, body, headers)
 
     def close(self) -> None:
         """Close the kept-alive connections."""

@@ -393,7 +393,8 @@ def _complete_in(
         ended, readied, readied_queues = recorded.ended, recorded.readied_runs, recorded.readied_queues
         applied = _applied(conn, items, ended)
         events = _outlet_events(db, conn, applied)
-        follow_ups, touched = _follow_ups(db, conn, applied)
+        # The plain counters went in with the statement; the rest travels through `deliver`.
+        _, follow_ups, touched = _downstream_effects(db, conn, applied)
     else:
         ended = ti_store.end_running_many(
             conn,
@@ -500,20 +501,12 @@ def _outlet_events(db: Database, conn: Connection, applied: list[_Applied]) -> l
     return events
 
 
-def _follow_ups(db: Database, conn: Connection, applied: list[_Applied]) -> tuple[list[FollowUp], set[str]]:
-    """What the applied successes lead to besides plain counters, and the runs they touched."""
-    follow_ups: list[FollowUp] = []
-    for a in applied:
-        follow_ups.extend(after_success(version_of(db, conn, a.task.dag_version_id), a.task, a.value)[1])
-    return follow_ups, {a.task.run_id for a in applied}
-
-
 def _record_successes(
     db: Database, conn: Connection, applied: list[_Applied], *, worker_id: str, hostname: str
 ) -> list[dict[str, Any]]:
     """Append the attempt rows and results of applied successes; returns their dataset events
     (written last, see `complete_attempts`)."""
-    attempts, results, events = [], [], []
+    attempts, results = [], []
     for a in applied:
         task = a.task
         attempts.append(
@@ -526,9 +519,6 @@ def _record_successes(
                 details=a.details,
             )
         )
-        outlets = version_of(db, conn, task.dag_version_id).structure.tasks[task.task_id].outlets
-        if outlets:
-            events.extend(outlet_event_rows(db, conn, task, outlets, a.outlet_events, at=a.ended_at))
         if a.value is None and task.attempt == 1:
             continue  # nothing to store: no earlier attempt can have left a result to replace
         results.append(
@@ -543,7 +533,7 @@ def _record_successes(
         )
     attempt_store.insert_attempts(conn, attempts)
     attempt_store.put_results(conn, results)
-    return events
+    return _outlet_events(db, conn, applied)
 
 
 def _downstream_effects(

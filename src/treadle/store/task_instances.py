@@ -73,7 +73,9 @@ def claim(
     first `start` are started (started_at and timeout_at stamped: they go to idle slots now);
     the rest are claimed for the worker's buffer, unstarted until `start_claimed_many`. `now` None
     stamps rows with the statement's database time (see `stamp`). `refused`, if given, is added
-    the candidates that pool or DAG limits held back, by reason.
+    the candidates that pool or DAG limits held back, by reason. Where the dialect has writable
+    CTEs the first round is one statement (`_claim_at_once`) that takes the unlimited candidates
+    itself and leaves the limited ones locked for admission.
     """
     claimed: list[AttemptRow] = []
     excluded = Exclusions()
