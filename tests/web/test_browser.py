@@ -22,7 +22,7 @@ from tests.helpers.wait import wait_for
 from tests.web.dags_for_web import MARKER_ENV
 from treadle.domain.access import ALL_TEAMS, Role
 from treadle.domain.states import TERMINAL_RUN_STATES
-from treadle.engine import accounts, dead_letters, queries
+from treadle.engine import accounts, dead_letters, pausing, queries
 from treadle.engine.accounts import Caller
 from treadle.engine.runs import trigger_run
 from treadle.store.database import Database
@@ -383,7 +383,14 @@ def test_a_viewer_sees_no_mutating_control_and_a_forged_post_is_refused(tab: Tab
 
 def test_every_page_at_desktop_and_phone_width(tab: Tab, treadle: Treadle) -> None:
     tab.login("chief")
-    run_id = queries.list_runs(treadle.db, dag_id="web_pipeline")[0].run_id
+    # The module's other tests leave runs and a pause behind, but under xdist another process
+    # (with its own standalone) may have run them: this test makes what it shows.
+    runs = queries.list_runs(treadle.db, dag_id="web_pipeline") or [
+        trigger_run(treadle.db, "web_pipeline", conf={"limit": 2}, triggered_by="test")
+    ]
+    run_id = runs[0].run_id
+    for paused in (True, False):
+        pausing.set_paused(treadle.db, "web_pipeline", paused=paused, actor="user:fin_operator")
     pages = {
         "operations": "/operations",
         "audit": "/audit",
