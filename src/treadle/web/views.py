@@ -545,7 +545,8 @@ def sparkline(values: list[float | None], *, width: float = 160, height: float =
     top = max([v for _, v in present])
     step = width * 10 / max(len(values) - 1, 1)
     base, scale = (height - 3) * 10, (height - 6) * 10 / (top or 1.0)
-    points = " ".join([f"{round(i * step)},{round(base - v * scale)}" for i, v in present])
+    # `:.0f` rounds as round() does (half to even); neither coordinate is ever negative.
+    points = " ".join([f"{i * step:.0f},{base - v * scale:.0f}" for i, v in present])
     i, latest = present[-1]
     return Trend(points, (round(i * step), round(base - latest * scale)), latest)
 
