@@ -3,6 +3,7 @@ and laid out for drawing: the DAG list rows, the grid, the layered graph, the Ga
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import weakref
@@ -543,12 +544,19 @@ def sparkline(values: list[float | None], *, width: float = 160, height: float =
     if not present:
         return Trend("", None, None)
     top = max([v for _, v in present])
-    step = width * 10 / max(len(values) - 1, 1)
+    xs = _sparkline_xs(len(values), width)
     base, scale = (height - 3) * 10, (height - 6) * 10 / (top or 1.0)
-    # `:.0f` rounds as round() does (half to even); neither coordinate is ever negative.
-    points = " ".join([f"{i * step:.0f},{base - v * scale:.0f}" for i, v in present])
+    # `:.0f` rounds as round() does (half to even); y is never negative.
+    points = " ".join([f"{xs[i]},{base - v * scale:.0f}" for i, v in present])
     i, latest = present[-1]
-    return Trend(points, (round(i * step), round(base - latest * scale)), latest)
+    return Trend(points, (int(xs[i]), round(base - latest * scale)), latest)
+
+
+@functools.lru_cache(maxsize=64)
+def _sparkline_xs(count: int, width: float) -> tuple[str, ...]:
+    """The x coordinates of `count` points (the same for every task of a grid)."""
+    step = width * 10 / max(count - 1, 1)
+    return tuple(str(round(i * step)) for i in range(count))
 
 
 def trend_rows(task_ids: list[str], durations: dict[str, list[float | None]]) -> Markup:
