@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy.engine import Connection
 
 from tests.web.dags_for_web import MARKER_ENV, web_pipeline
+from treadle.engine.clearing import clear_tasks
 from treadle.store import grid
 from treadle.testing import DagRunner
 
@@ -53,6 +54,30 @@ def test_run_cells_mapped_counts_and_success_seconds_of_several_runs(
         assert runner.db.query(lambda conn: grid.run_cells(conn, [])) == {}
         assert runner.db.query(lambda conn: grid.mapped_counts(conn, [])) == []
         assert runner.db.query(lambda conn: grid.success_seconds(conn, [])) == {}
+    finally:
+        runner.close()
+
+
+def test_a_mapped_task_folded_by_a_clear_is_one_plain_cell(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clearing a mapped task's upstream folds its instances back into one row and retires the
+    rest (skipped, at map_index below -1): the cell is the folded row's state."""
+    marker = tmp_path / "feed-is-back"
+    marker.touch()
+    monkeypatch.setenv(MARKER_ENV, str(marker))
+    runner = DagRunner(web_pipeline, database_url=db_url)
+    try:
+        done = runner.trigger({"limit": 3})
+        assert runner.run_until_done(done).state == "success"
+        clear_tasks(runner.db, done, ["extract"], downstream=True, actor="tester", reason="rerun")
+        cells = runner.db.query(lambda conn: grid.run_cells(conn, [done]))[done]
+        states = dict(zip(cells.task_ids, cells.states, strict=True))
+        assert sorted(cells.task_ids) == ["extract", "flaky", "publish", "square"]
+        assert states["extract"] == "queued"
+        assert states["square"] == "pending"
+        assert cells.mapped == 0
+        assert runner.db.query(lambda conn: grid.mapped_counts(conn, [done])) == []
     finally:
         runner.close()
 
