@@ -306,6 +306,50 @@ def test_the_grid_sends_state_codes_and_follows_a_requeued_finished_run(web: Web
     assert 'aria-label="flaky: success"' in client.get(f"/dags/web_pipeline?run={second}").text
 
 
+def _trend_rows(html: str) -> dict[str, tuple[list[tuple[int, int]], str]]:
+    """Task -> (its sparkline's points, the latest duration) from the DAG page's trend table."""
+    found = {}
+    for task, cell, latest in re.findall(
+        r'<tr><th scope="row">([^<]+)</th>\s*<td>(.*?)</td>\s*<td>([^<]*)</td></tr>', html
+    ):
+        drawn = re.search(r'points="([^"]*)"', cell)
+        pairs = [p.split(",") for p in drawn.group(1).split()] if drawn else []
+        points = [(int(x), int(y)) for x, y in pairs]
+        assert drawn or "no successful attempt" in cell, cell
+        found[task] = (points, latest)
+    return found
+
+
+def test_the_duration_trend_draws_each_tasks_successful_attempts(web: Web) -> None:
+    from treadle.web.render import duration
+
+    web.marker.touch()
+    first = web.runner.trigger({"limit": 3})
+    assert web.runner.run_until_done(first).state == "success"
+    web.marker.unlink()
+    second = web.runner.trigger({"limit": 2})
+    assert web.runner.run_until_done(second).state == "failed"
+    client = web.client()
+    sign_in(client, "fin_operator")
+    for _ in range(2):  # cold, then from the finished runs' kept columns
+        trends = _trend_rows(client.get("/dags/web_pipeline").text)
+        assert list(trends) == ["extract", "square", "flaky", "publish"]
+        flaky = [
+            a.duration_s or 0.0 for a in web.runner.result(first).attempts("flaky") if a.outcome == "success"
+        ]
+        # flaky and publish succeeded in the first run only: one point, at the left edge.
+        assert trends["flaky"] == ([(0, trends["flaky"][0][0][1])], duration(max(flaky)))
+        assert len(trends["publish"][0]) == 1 and trends["publish"][0][0][0] == 0
+        # extract succeeded in both: two points, the newest at the right edge, its duration shown.
+        (extract,) = web.runner.result(second).attempts("extract")
+        assert [x for x, _ in trends["extract"][0]] == [0, 1600]
+        assert trends["extract"][1] == duration(extract.duration_s)
+        # The slowest of square's mapped instances is the run's value.
+        slowest = max(a.duration_s or 0.0 for a in web.runner.result(second).attempts("square"))
+        assert trends["square"][1] == duration(slowest)
+        assert all(30 <= y <= 250 for _, y in trends["extract"][0])
+
+
 def _post_forms(html: str) -> list[str]:
     return re.findall(r'<form[^>]*method="post"[^>]*action="([^"]+)"', html)
 

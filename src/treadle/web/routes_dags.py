@@ -64,7 +64,6 @@ def _dag_page(
         if spec is not None and spec.is_timed
         else []
     )
-    trends = {t: views.sparkline(grid.durations.get(t, [])) for t in grid.task_ids}
     return page(
         request,
         "dag.html",
@@ -76,7 +75,7 @@ def _dag_page(
         graph=drawn.graph,
         states=states,
         selected=selected,
-        trends=trends,
+        trend_rows=views.trend_rows(grid.task_ids, grid.durations),
         fires=fires,
         schedule_words=schedules.in_words(spec),
         timezone=spec.timezone if spec is not None else "UTC",
