@@ -139,6 +139,12 @@ def main() -> None:
     parser.add_argument("--poke-interval", type=float, default=1.0, help="seconds between pokes")
     parser.add_argument("--concurrency", type=int, default=2, help="slots of the one worker")
     parser.add_argument(
+        "--scheduler-tick",
+        type=float,
+        default=0.5,
+        help="the scheduler's maintenance pass interval, which promotes due pokes (seconds)",
+    )
+    parser.add_argument(
         "--prefetch", type=int, default=None, help="the worker's --prefetch (default: its own)"
     )
     parser.add_argument("--wave", type=int, default=1, help="no-op tasks per wave run")
@@ -154,7 +160,12 @@ def main() -> None:
         folder = root / "dags"
         folder.mkdir()
         (folder / "sensors.py").write_text(dag_source(args.wave, args.sensors, args.poke_interval))
-        env = treadle_env(database_url=url, dags_folder=folder, home=root / "home")
+        env = treadle_env(
+            database_url=url,
+            dags_folder=folder,
+            home=root / "home",
+            TREADLE_SCHEDULER_TICK_SECONDS=str(args.scheduler_tick),
+        )
         logs = [root / "worker.log", root / "scheduler.log"]
         db = Database(url, application_name="treadle-bench")
         try:
@@ -199,6 +210,7 @@ def main() -> None:
                 "poke_interval_s": args.poke_interval,
                 "concurrency": args.concurrency,
                 "prefetch": "worker default" if args.prefetch is None else args.prefetch,
+                "scheduler_tick_s": args.scheduler_tick,
                 "wave_size": args.wave,
                 "waves_per_phase": args.waves,
             },

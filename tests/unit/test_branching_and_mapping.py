@@ -11,7 +11,6 @@ from treadle.domain.mapping import (
     MapFailure,
     check_expansion,
     first_active,
-    next_held_back,
 )
 
 ALLOWED = {"load_full", "load_delta", "report"}
@@ -93,7 +92,3 @@ def test_max_active_mapped_paces_the_instances() -> None:
     assert first_active(10, None) == 10
     assert first_active(10, 3) == 3
     assert first_active(2, 3) == 2
-    assert next_held_back(4, None) is None
-    assert next_held_back(-1, 3) is None
-    # Each held-back instance (3..9) is released by exactly one end.
-    assert sorted(next_held_back(i, 3) for i in range(7)) == list(range(3, 10))

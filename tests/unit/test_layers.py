@@ -98,7 +98,9 @@ def test_run_states_are_written_only_by_the_run_protocol() -> None:
         if rel in ("engine/runs.py", "store/runs.py"):
             continue
         assert not _calls(path, "set_run_state"), f"{rel} writes a run state outside engine/runs.py"
-        assert not _calls(path, "lock_run_state") or rel == "engine/cancellation.py", (
+        # engine/mapping.py locks the run row (after its instance writes) only to serialize the
+        # release of held-back mapped instances under max_active_mapped; it writes no run state.
+        assert not _calls(path, "lock_run_state") or rel in ("engine/cancellation.py", "engine/mapping.py"), (
             f"{rel} locks a run row outside the protocol"
         )
 

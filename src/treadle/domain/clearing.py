@@ -168,8 +168,11 @@ class _Planner:
             any(u in targets for u in self.upstream[task_id]) or all(i.map_index < 0 for i in found)
         )
         if definition.map_arg is not None and not folds:
+            # Under max_active_mapped a cleared instance is held back: the engine lets it go
+            # when its siblings leave room (engine/mapping.release_held_back).
+            paced = definition.max_active_mapped is not None
             self.resets.extend(
-                Reset(id=i.id, expected=i.state, attempt=i.attempt, queued=True) for i in selected
+                Reset(id=i.id, expected=i.state, attempt=i.attempt, queued=not paced) for i in selected
             )
             picked = {i.id for i in selected}
             self.ends[task_id] = [None if i.id in picked else end_of(i.state) for i in found]

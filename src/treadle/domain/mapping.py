@@ -58,17 +58,6 @@ def first_active(length: int, max_active: int | None) -> int:
     return length if max_active is None else min(length, max_active)
 
 
-def next_held_back(map_index: int, max_active: int | None) -> int | None:
-    """The instance that the end of instance `map_index` lets go (None: nothing is held back).
-
-    Instances 0..N-1 start at once; the end of instance i queues instance i + N, so each held-back
-    instance is released by exactly one end and at most N run at once.
-    """
-    if max_active is None or map_index < 0:
-        return None
-    return map_index + max_active
-
-
 def instance_label(task_id: str, map_index: int) -> str:
     """How operators see a task instance: `task`, `task[3]` for a mapped instance, and
     `task[retired]` for one a clear took out of its task."""

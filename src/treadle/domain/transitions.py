@@ -84,6 +84,12 @@ TASK_TRANSITIONS: tuple[Transition, ...] = (
         UseCase.RESOLVE,
         "an operator inspected the output and resolved it (success, failed or requeue)",
     ),
+    *_edges(
+        (_T.NEEDS_INSPECTION,),
+        (_T.PENDING,),
+        UseCase.RESOLVE,
+        "resolved as requeue, a mapped instance under max_active_mapped: held back until there is room",
+    ),
     *_edges((_T.RUNNING,), _RETRY_OR_DEAD, UseCase.REAP_LOST, "its lease expired: the worker died (lost)"),
     *_edges((_T.RUNNING,), _RETRY_OR_DEAD, UseCase.REAP_TIMEOUT, "its execution deadline passed unenforced"),
     *_edges((_T.QUEUED,), _RETRY_OR_DEAD, UseCase.DISPATCH_TIMEOUT, "no worker took it before its deadline"),
@@ -126,7 +132,8 @@ TASK_TRANSITIONS: tuple[Transition, ...] = (
         (_T.DEAD_LETTER,),
         (_T.PENDING,),
         UseCase.REQUEUE,
-        "an operator requeues a mapped task whose expansion failed: it expands again",
+        "an operator requeues a mapped task whose expansion failed (it expands again), or a mapped "
+        "instance under max_active_mapped (held back until there is room)",
     ),
     *_edges(_CLEARABLE, (_T.QUEUED, _T.PENDING), UseCase.CLEAR, "an operator clears it to run again"),
     *_edges(

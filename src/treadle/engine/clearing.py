@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.clearing import plan_clear
 from treadle.engine.dags import version_of
+from treadle.engine.mapping import release_held_back
 from treadle.engine.propagation import branch_choices, settle
 from treadle.engine.runs import reopen_run
 from treadle.errors import ClearConflict, RunNotFound
@@ -107,6 +108,12 @@ def clear_in_transaction(
         raise ClearConflict(run_id=run_id)
     # Cleared rows and the rows waiting right after them: counters recounted, rules applied.
     readied = settle(db, conn, version, run_id, plan.order, now=now)
+    for task_id in plan.order:
+        limit = version.structure.tasks[task_id].max_active_mapped
+        if limit is not None:
+            readied.add(
+                run_id, release_held_back(conn, run_id=run_id, task_id=task_id, max_active=limit, now=now)
+            )
     reopen_run(conn, run_id, now=now)
     audit.record(
         conn,

@@ -9,12 +9,15 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.states import TaskState
+from treadle.domain.transitions import UseCase
 from treadle.engine.dags import version_of
+from treadle.engine.mapping import release_held_back
 from treadle.engine.propagation import settle
 from treadle.engine.runs import reopen_run
 from treadle.errors import InvalidRequest, TaskInstanceNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import audit, dialects
+from treadle.store import mapping as mapping_store
 from treadle.store import readiness as readiness_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
@@ -105,9 +108,18 @@ def requeue_dead_letter(
         assert run is not None
         version = version_of(db, conn, run.dag_version_id)
         # A mapped task that failed to expand is not run: it goes back to waiting and expands again.
-        unexpanded = found.map_index < 0 and version.structure.tasks[found.task_id].map_arg is not None
-        requeue = readiness_store.requeue_to_waiting if unexpanded else ti_store.requeue_dead_letter
-        if not requeue(conn, task_instance_id=task_instance_id, now=now):
+        definition = version.structure.tasks[found.task_id]
+        unexpanded = found.map_index < 0 and definition.map_arg is not None
+        # A mapped instance under max_active_mapped is held back; it goes when there is room.
+        limit = definition.max_active_mapped if found.map_index >= 0 else None
+        if limit is not None:
+            moved = mapping_store.requeue_held_back(
+                conn, task_instance_id=task_instance_id, now=now, by=UseCase.REQUEUE
+            )
+        else:
+            requeue = readiness_store.requeue_to_waiting if unexpanded else ti_store.requeue_dead_letter
+            moved = requeue(conn, task_instance_id=task_instance_id, now=now)
+        if not moved:
             raise InvalidRequest(
                 f"task instance {task_instance_id} changed while it was being requeued; nothing was "
                 "applied (look at it again with `treadle runs show`)"
@@ -116,6 +128,8 @@ def requeue_dead_letter(
         ti_store.reset_to_pending(conn, run_id=found.run_id, task_ids=downstream)
         # Rows after it counted its failure: recount them and apply their rules again.
         settle(db, conn, version, found.run_id, [found.task_id, *downstream], now=now)
+        if limit is not None:
+            release_held_back(conn, run_id=found.run_id, task_id=found.task_id, max_active=limit, now=now)
         reopen_run(conn, found.run_id, now=now, requeued_task=found.task_id)
         audit.record(
             conn,

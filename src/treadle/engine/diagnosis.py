@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import TaskDef
-from treadle.domain.mapping import instance_label
 from treadle.domain.records import TaskInstanceInfo, WorkerInfo
 from treadle.domain.sensing import PokeKind, SensorSpec, poke_deadline
 from treadle.domain.states import TERMINAL_TASK_STATES, TaskState
@@ -147,11 +146,10 @@ def _pending_reason(
 ) -> tuple[str, tuple[str, ...]]:
     """Why a pending instance waits: its upstreams under its rule, or a mapped sibling."""
     if t.map_index >= 0:
-        before = t.map_index - (definition.max_active_mapped or 0)
         return (
-            f"held back by max_active_mapped={definition.max_active_mapped}: queued when instance "
-            f"{instance_label(t.task_id, before)} ends",
-            (f"task instance {instance_label(t.task_id, before)}",),
+            f"held back by max_active_mapped={definition.max_active_mapped}: queued when one of "
+            f"the active instances of {t.task_id} ends",
+            (f"the active instances of {t.task_id}",),
         )
     open_ups = [
         f"{u} ({states.get(u)})" for u in definition.upstream if states.get(u) != TaskState.SUCCESS.value

@@ -22,7 +22,6 @@ from enum import StrEnum
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
-from treadle.domain.mapping import next_held_back
 from treadle.domain.outbox import OutboxKind
 from treadle.domain.records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.states import TaskState
@@ -31,10 +30,12 @@ from treadle.domain.trigger_rules import End
 from treadle.engine import outbox, propagation
 from treadle.engine.dags import version_of
 from treadle.engine.datasets import record_outlet_events
+from treadle.engine.mapping import release_held_back
 from treadle.engine.runs import close_run_if_done
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import audit, dialects
+from treadle.store import mapping as mapping_store
 from treadle.store import runs as run_store
 from treadle.store import task_instances as ti_store
 from treadle.store.database import Database, db_now
@@ -68,15 +69,25 @@ def _follow(
     follow: list[propagation.FollowUp] = [
         propagation.Arrival(version.id, found.run_id, d, end) for d in downstream if d not in plain
     ]
-    held = next_held_back(found.map_index, tasks[found.task_id].max_active_mapped)
-    if held is not None:
-        follow.append(propagation.Release(found.run_id, found.task_id, held))
+    follow.extend(propagation.releases_after(tasks[found.task_id], found.run_id, found.map_index))
     readied = (
         ti_store.count_upstream_successes(conn, increments={(found.run_id, d): 1 for d in plain}, now=now)
         if plain
         else set()
     )
     return bool(readied) | bool(propagation.deliver(db, conn, follow, now=now).queues)
+
+
+def _requeue(conn: Connection, version: DagVersion, found: TaskInstanceInfo, *, now: datetime) -> bool:
+    """needs_inspection -> queued with a fresh budget; a mapped instance under max_active_mapped
+    is held back instead and goes when its siblings leave room. False if it moved meanwhile."""
+    limit = version.structure.tasks[found.task_id].max_active_mapped if found.map_index >= 0 else None
+    if limit is None:
+        return ti_store.requeue_dead_letter(conn, task_instance_id=found.id, now=now, by=UseCase.RESOLVE)
+    if not mapping_store.requeue_held_back(conn, task_instance_id=found.id, now=now, by=UseCase.RESOLVE):
+        return False
+    release_held_back(conn, run_id=found.run_id, task_id=found.task_id, max_active=limit, now=now)
+    return True
 
 
 def _record_outlets(
@@ -156,7 +167,7 @@ def resolve(
         now = db_now(conn)
         version = version_of(db, conn, run.dag_version_id)
         if resolution is Resolution.REQUEUE:
-            moved = ti_store.requeue_dead_letter(conn, task_instance_id=found.id, now=now, by=UseCase.RESOLVE)
+            moved = _requeue(conn, version, found, now=now)
         else:
             target = TaskState.SUCCESS if resolution is Resolution.SUCCESS else TaskState.DEAD_LETTER
             moved = ti_store.resolve_inspection(

@@ -6,14 +6,17 @@ that readies it, turns that row into instance 0 and inserts instances 1..n-1 wit
 (`task_map_items`); direct downstream rows count n upstream instances from then on, so the hot
 path counts each instance's success like any other. An empty list skips the task; a result that
 is not a list, or is longer than the cap, dead-letters it (`non_retryable`) with an attempt that
-says why. With `max_active_mapped=N` the first N are queued and the end of instance i queues
-instance i + N.
+says why. With `max_active_mapped=N` the first N are queued and the others are held back
+(pending); the end of an instance, and a requeue or clear of one (which holds it back as well),
+queues held-back instances in map-index order while fewer than N hold a place
+(`release_held_back`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -29,6 +32,7 @@ from treadle.engine.dags import version_of
 from treadle.store import attempts as attempt_store
 from treadle.store import mapping as mapping_store
 from treadle.store import readiness as readiness_store
+from treadle.store import runs as run_store
 from treadle.store.database import Database, db_now
 
 
@@ -95,6 +99,27 @@ def expand(
         conn, run_id=run_id, task_ids=version.downstream[task_id], delta=len(checked) - 1
     )
     return Expansion(queues=[template["queue"]])
+
+
+def release_held_back(
+    conn: Connection, *, run_id: str, task_id: str, max_active: int, now: datetime | None
+) -> list[str]:
+    """Queue held-back instances of a mapped task, lowest map index first, while fewer than
+    `max_active` of its instances hold a place (queued up to needs_inspection); their queues.
+
+    Every party that changes how many hold a place or which wait (an instance's end, a requeue,
+    a clear, a resolution) calls this after its task-instance writes, in its transaction. The
+    decision is made under the run row's lock, from reads made once the lock is held: whoever
+    decides second sees what the first committed (an end, a requeued instance waiting), so
+    concurrent ends and requeues neither pass the bound nor leave an instance held back with
+    room free. The run row comes after the instances, as everywhere (docs/architecture.md §6).
+    """
+    run_store.lock_run_state(conn, run_id)
+    active, held = mapping_store.active_and_held_back(conn, run_id=run_id, task_id=task_id)
+    room = max_active - active
+    if room <= 0 or not held:
+        return []
+    return mapping_store.queue_held_back(conn, held[:room], now=now)
 
 
 def _source_value(conn: Connection, version: DagVersion, run_id: str, source: str) -> Any:

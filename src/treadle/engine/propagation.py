@@ -26,7 +26,6 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion, TaskDef
 from treadle.domain.graph import topological_order
-from treadle.domain.mapping import next_held_back
 from treadle.domain.records import ClaimedTask
 from treadle.domain.states import TaskState
 from treadle.domain.transitions import UseCase
@@ -62,11 +61,12 @@ class Arrival:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """A held-back mapped instance that the end of a sibling lets go (max_active_mapped)."""
+    """The end of an instance of a mapped task with `max_active_mapped`: held-back siblings go,
+    up to the bound (engine/mapping.release_held_back)."""
 
     run_id: str
     task_id: str
-    map_index: int
+    max_active: int
 
 
 FollowUp = Arrival | Release
@@ -112,8 +112,15 @@ def after_success(version: DagVersion, task: ClaimedTask, value: Any) -> tuple[l
 
 
 def _releases(definition: TaskDef, task: ClaimedTask) -> list[FollowUp]:
-    nxt = next_held_back(task.map_index, definition.max_active_mapped)
-    return [] if nxt is None else [Release(task.run_id, task.task_id, nxt)]
+    return releases_after(definition, task.run_id, task.map_index)
+
+
+def releases_after(definition: TaskDef, run_id: str, map_index: int) -> list[FollowUp]:
+    """What the end of instance `map_index` of this task lets go: nothing unless it is a mapped
+    instance whose task has `max_active_mapped`."""
+    if definition.max_active_mapped is None or map_index < 0:
+        return []
+    return [Release(run_id, definition.task_id, definition.max_active_mapped)]
 
 
 def after_dead_letter(db: Database, conn: Connection, task: ClaimedTask, *, now: datetime | None) -> None:
@@ -132,25 +139,23 @@ def deliver(
     db: Database, conn: Connection, follow_ups: Sequence[FollowUp], *, now: datetime | None
 ) -> Readied:
     """Apply follow-ups in the caller's transaction, and the ends they cause in turn (a skip or an
-    upstream failure travels on through the rules of the rows it reaches)."""
+    upstream failure travels on through the rules of the rows it reaches).
+
+    Releases come last, one per mapped task, by run: each locks its run row, and every
+    task-instance write of the arrivals comes before (instances first, then the run).
+    """
     readied = Readied()
     grouped: dict[tuple[int, str, str, End, bool], int] = {}
-    work: deque[FollowUp] = deque()
+    releases: dict[tuple[str, str], int] = {}
     for f in follow_ups:
         if isinstance(f, Arrival):
             key = (f.version_id, f.run_id, f.task_id, f.end, f.unchosen)
             grouped[key] = grouped.get(key, 0) + f.n
         else:
-            work.append(f)
-    work.extend(Arrival(v, r, t, e, n, unchosen=u) for (v, r, t, e, u), n in sorted(grouped.items()))
+            releases[(f.run_id, f.task_id)] = f.max_active
+    work = deque(Arrival(v, r, t, e, n, unchosen=u) for (v, r, t, e, u), n in sorted(grouped.items()))
     while work:
         item = work.popleft()
-        if isinstance(item, Release):
-            queues = readiness_store.ready_mapped(
-                conn, run_id=item.run_id, task_id=item.task_id, map_index=item.map_index, now=now
-            )
-            readied.add(item.run_id, queues)
-            continue
         row = readiness_store.count_end(
             conn, run_id=item.run_id, task_id=item.task_id, end=item.end, n=item.n
         )
@@ -159,6 +164,11 @@ def deliver(
         version = version_of(db, conn, item.version_id)
         verdict = Verdict.SKIP if item.unchosen else evaluate(_rule(version, item.task_id), row.counts)
         work.extend(_apply(db, conn, version, item.run_id, item.task_id, row.id, verdict, now, readied))
+    for (run_id, task_id), max_active in sorted(releases.items()):
+        queues = mapping.release_held_back(
+            conn, run_id=run_id, task_id=task_id, max_active=max_active, now=now
+        )
+        readied.add(run_id, queues)
     return readied
 
 

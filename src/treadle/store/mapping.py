@@ -15,6 +15,7 @@ from treadle.domain.transitions import UseCase, task_sources
 from treadle.store import dialects
 from treadle.store.tables import UTCDateTime, task_map_items, task_results
 from treadle.store.tables import task_instances as ti
+from treadle.store.task_instances import stamp
 
 #: Columns a mapped instance copies from the row it was expanded from.
 _COPIED = (
@@ -209,3 +210,90 @@ def retire(conn: Connection, ids: Sequence[int], *, now: datetime) -> int:
 
 
 _RETIRABLE = (*task_sources(UseCase.CLEAR, TaskState.SKIPPED), TaskState.SKIPPED.value)
+
+
+#: States of a mapped instance that take one of its task's `max_active_mapped` places: every
+#: state between queued and its end (a retry wait, a sensor between pokes, needs_inspection).
+_HOLDING = tuple(
+    s.value
+    for s in (
+        TaskState.QUEUED,
+        TaskState.RUNNING,
+        TaskState.RETRY_WAIT,
+        TaskState.UP_FOR_RESCHEDULE,
+        TaskState.NEEDS_INSPECTION,
+    )
+)
+
+
+def active_and_held_back(conn: Connection, *, run_id: str, task_id: str) -> tuple[int, list[int]]:
+    """How many instances of a mapped task hold a place under `max_active_mapped`, and the ids of
+    its held-back instances (pending, map index >= 0) in map-index order. One index range scan."""
+    stmt = (
+        sa.select(ti.c.id, ti.c.state)
+        .where(
+            ti.c.run_id == run_id,
+            ti.c.task_id == task_id,
+            ti.c.map_index >= 0,
+            ti.c.state.in_((*_HOLDING, TaskState.PENDING.value)),
+        )
+        .order_by(ti.c.map_index)
+    )
+    active, held = 0, []
+    for r in conn.execute(stmt):
+        if r.state == TaskState.PENDING.value:
+            held.append(r.id)
+        else:
+            active += 1
+    return active, held
+
+
+def queue_held_back(conn: Connection, ids: Sequence[int], *, now: datetime | None) -> list[str]:
+    """Held-back mapped instances (pending, map index >= 0) -> queued; their queues."""
+    if not ids:
+        return []
+    at = stamp(now)
+    stmt = (
+        sa.update(ti)
+        .where(
+            ti.c.id.in_(sorted(ids)),
+            ti.c.map_index >= 0,
+            ti.c.state.in_(task_sources(UseCase.READY, TaskState.QUEUED)),
+        )
+        .values(
+            state=TaskState.QUEUED.value,
+            queued_at=at,
+            dispatch_deadline=dialects.plus_seconds(conn, at, ti.c.queue_timeout_s),
+        )
+    )
+    return [r.queue for r in dialects.update_returning(conn, stmt, (ti.c.id, ti.c.queue), key=ti.c.id)]
+
+
+def requeue_held_back(conn: Connection, *, task_instance_id: int, now: datetime, by: UseCase) -> bool:
+    """A dead letter (`by` REQUEUE) or a needs_inspection instance (`by` RESOLVE) of a mapped task
+    with `max_active_mapped` -> pending (held back) with a fresh retry budget, as a requeue to
+    queued would leave it; the caller then lets held-back instances go up to the bound. False if
+    it is no longer in a state `by` moves."""
+    result = conn.execute(
+        sa.update(ti)
+        .where(
+            ti.c.id == task_instance_id,
+            ti.c.map_index >= 0,
+            ti.c.state.in_(task_sources(by, TaskState.PENDING)),
+            ti.c.state.in_((TaskState.DEAD_LETTER.value, TaskState.NEEDS_INSPECTION.value)),
+        )
+        .values(
+            state=TaskState.PENDING.value,
+            queued_at=None,
+            dispatch_deadline=None,
+            budget_base=ti.c.attempt,
+            orphaned_count=0,
+            dead_letter_reason=None,
+            ended_at=None,
+            worker_id=None,
+            # A requeued sensor waits afresh; a requeued submit-then-poll task submits anew.
+            first_poke_at=None,
+            poll_handle=sa.null(),
+        )
+    )
+    return bool(result.rowcount)
