@@ -18,7 +18,7 @@ from treadle.authoring.context import TaskContext
 from treadle.domain.records import ClaimedTask
 from treadle.engine.cancellation import cancel_run
 from treadle.engine.diagnosis import why
-from treadle.engine.execution import claim_task_instances
+from treadle.engine.execution import Reschedule, claim_task_instances, work_cycle
 from treadle.engine.reaper import promote_due_retries, reap_expired_leases
 from treadle.engine.sensing import (
     claim_job_cancels,
@@ -26,6 +26,7 @@ from treadle.engine.sensing import (
     poke_start,
     reschedule_attempt,
 )
+from treadle.store import attempts as attempt_store
 from treadle.store import job_cancellations as job_store
 from treadle.store import task_instances as ti_store
 from treadle.store.tables import task_instances as ti_table
@@ -357,5 +358,64 @@ def test_a_lost_poke_counts_towards_poison_and_keeps_the_job_handle(db_url: str,
             "path": str(path),
             "submit": 1,
         }  # polled, not resubmitted
+    finally:
+        runner.close()
+
+
+@sensor(poke_interval=30, timeout=3600)
+def other_slow_sensor() -> bool:
+    return False
+
+
+def test_a_pass_records_several_reschedules_at_once_and_fences_each(db_url: str) -> None:
+    @dag(dag_id="two_sensors")
+    def two_sensors() -> None:
+        slow_sensor()
+        other_slow_sensor()
+
+    runner = DagRunner(two_sensors, database_url=db_url)
+    try:
+        run_id = runner.trigger()
+        claimed = claim_task_instances(
+            runner.db, worker_id="w1", hostname="h", queues=["default"], limit=2, lease_s=60
+        )
+        by_task = {c.task_id: c for c in claimed}
+        kept, lost = by_task["slow_sensor"], by_task["other_slow_sensor"]
+        with runner.db.begin() as conn:  # another party took the second attempt meanwhile
+            conn.execute(
+                ti_table.update().where(ti_table.c.id == lost.task_instance_id).values(worker_id="w2")
+            )
+        cycle = work_cycle(
+            runner.db,
+            successes=[],
+            start=[],
+            claim_limit=0,
+            claim_start=0,
+            worker_id="w1",
+            hostname="h",
+            queues=["default"],
+            lease_s=60,
+            reschedules=[
+                Reschedule(task=kept, state={"k": 1}, evidence={"seen": 0}, code_version="abc"),
+                Reschedule(task=lost, state={"k": 9}, evidence={"seen": 9}),
+            ],
+        )
+        assert [e.applied for e in cycle.rescheduled] == [True, False]
+        rows = _instances(runner, run_id)
+        row = rows["slow_sensor"]
+        assert row.state == "up_for_reschedule" and row.worker_id is None
+        assert row.next_attempt_at is not None and kept.started_at is not None
+        assert 29 <= (row.next_attempt_at - kept.started_at).total_seconds() <= 60
+        assert row.budget_base == kept.budget_base + 1
+        assert rows["other_slow_sensor"].state == "running"  # fenced: not this worker's any more
+        start = poke_start(runner.db, replace(kept, claimed_at=None, attempt=kept.attempt + 1))
+        assert start.state == {"k": 1} and start.first_poke_at is not None
+        with runner.db.read() as conn:
+            attempts = {a.task_id: a for a in attempt_store.list_attempts(conn, run_id=run_id)}
+        recorded = attempts["slow_sensor"]
+        assert recorded.outcome == "rescheduled" and recorded.worker_id == "w1"
+        assert recorded.outputs == {"seen": 0} and recorded.code_version == "abc"
+        assert recorded.duration_s is not None and recorded.duration_s >= 0
+        assert "other_slow_sensor" not in attempts  # a discarded report writes no attempt
     finally:
         runner.close()

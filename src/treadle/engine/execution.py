@@ -206,20 +206,18 @@ def work_cycle(
             for t, v, o, x in (_unpack(d) for d in successes)
         ]
         done = _complete_in(db, conn, items, worker_id=worker_id, hostname=hostname, defer_notify=True)
-        now = db_now(conn) if reschedules else None
-        rescheduled = [
-            reschedule_in(
-                db,
-                conn,
+        rescheduled = _reschedule_all(
+            db,
+            conn,
+            [
                 replace(r, task=begun.get((r.task.task_instance_id, r.task.attempt), r.task))
                 if r.task.started_at is None
-                else r,
-                worker_id=worker_id,
-                hostname=hostname,
-                now=now,
-            )
-            for r in reschedules
-        ]
+                else r
+                for r in reschedules
+            ],
+            worker_id=worker_id,
+            hostname=hostname,
+        )
         refused: Counter[str] = Counter()
         claimed = _claim_in(
             db,
@@ -847,6 +845,46 @@ def spec_of(version: DagVersion, task_id: str) -> SensorSpec:
     if spec is None:
         raise ValueError(f"task {task_id!r} is not a sensor or a submit-then-poll task")
     return spec
+
+
+def _reschedule_all(
+    db: Database, conn: Connection, pokes: list[Reschedule], *, worker_id: str, hostname: str
+) -> list[Ending]:
+    """Record a pass's reschedules: in one statement where the dialect allows (the same rows
+    `reschedule_in` writes for each), else one by one."""
+    if not pokes:
+        return []
+    now = db_now(conn)
+    if not dialects.has_writable_ctes(conn):
+        return [reschedule_in(db, conn, p, worker_id=worker_id, hostname=hostname, now=now) for p in pokes]
+    rows = []
+    for poke in pokes:
+        task = poke.task
+        spec = spec_of(version_of(db, conn, task.dag_version_id), task.task_id)
+        first = poke.first_poke_at or task.started_at or now
+        rows.append(
+            poke_store.RescheduleRow(
+                task_instance_id=task.task_instance_id,
+                attempt=task.attempt,
+                first_poke_at=first,
+                next_attempt_at=next_poke_at(spec, first_poke_at=first, now=now),
+                poll_handle=poke.state,
+                run_id=task.run_id,
+                dag_id=task.dag_id,
+                task_id=task.task_id,
+                started_at=task.started_at,
+                code_version=poke.code_version,
+                evidence=poke.evidence or None,
+            )
+        )
+    moved = poke_store.reschedule_many(conn, rows, worker_id=worker_id, hostname=hostname, now=now)
+    endings = []
+    for poke in pokes:
+        applied = (poke.task.task_instance_id, poke.task.attempt) in moved
+        if not applied:
+            discard_late_report(conn, poke.task, "reschedule")
+        endings.append(Ending(applied=applied))
+    return endings
 
 
 def reschedule_in(

@@ -100,7 +100,8 @@ recorded AS (
         worker_id, hostname, started_at, ended_at, duration_s, exit_code, code_version, outputs)
     SELECT v.id, v.run_id, v.dag_id, v.task_id, v.attempt, '{AttemptOutcome.SUCCESS.value}',
         :attempt_worker, :attempt_host, v.started_at, e.ended_at,
-        CAST(GREATEST(EXTRACT(EPOCH FROM (e.ended_at - v.started_at)), 0) AS DOUBLE PRECISION),
+        CASE WHEN v.started_at IS NOT NULL THEN
+            CAST(GREATEST(EXTRACT(EPOCH FROM (e.ended_at - v.started_at)), 0) AS DOUBLE PRECISION) END,
         v.exit_code, v.code_version, CAST(v.outputs AS JSONB)
     FROM v JOIN ended AS e ON e.id = v.id AND e.attempt = v.attempt
 ),
