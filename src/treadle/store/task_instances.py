@@ -324,6 +324,18 @@ def start_claimed_many(
     each pair moved; the others were cancelled, reaped or lost and must not run."""
     if not held:
         return {}
+    if dialects.has_update_returning(conn):  # one shape, built once per process
+        params: dict[str, Any] = {
+            "b_ids": sorted({i for i, _ in held}),
+            "b_held": [tuple(p) for p in held],
+            "b_worker": worker_id,
+        }
+        if now is not None:
+            params["b_now"] = now
+        stmt = dialects.built_once(
+            conn, ("start claimed", now is not None), lambda: _build_start_claimed(conn, now is not None)
+        )
+        return {(r.id, r.attempt): r.started_at for r in conn.execute(stmt, params)}
     at = stamp(now)
     stmt = (
         sa.update(ti)
@@ -338,6 +350,25 @@ def start_claimed_many(
     )
     rows = dialects.update_returning(conn, stmt, (ti.c.id, ti.c.attempt, ti.c.started_at), key=ti.c.id)
     return {(r.id, r.attempt): r.started_at for r in rows}
+
+
+def _build_start_claimed(conn: Connection, stamped: bool) -> sa.UpdateBase:
+    """`start_claimed_many`'s UPDATE ... RETURNING with bound parameters."""
+    at = sa.bindparam("b_now", type_=UTCDateTime()) if stamped else stamp(None)
+    return (
+        sa.update(ti)
+        .where(
+            ti.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+            sa.tuple_(ti.c.id, ti.c.attempt).in_(
+                sa.bindparam("b_held", expanding=True, type_=sa.TupleType(sa.BigInteger(), sa.Integer()))
+            ),
+            ti.c.worker_id == sa.bindparam("b_worker"),
+            ti.c.state == TaskState.RUNNING.value,
+            ti.c.started_at.is_(None),
+        )
+        .values(started_at=at, timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s))
+        .returning(ti.c.id, ti.c.attempt, ti.c.started_at)
+    )
 
 
 def _candidates(conn: Connection, *, queues: list[str], limit: int, skip: Exclusions) -> list[Candidate]:
