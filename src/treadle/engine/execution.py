@@ -176,6 +176,7 @@ def work_cycle(
     lease_s: float,
     reschedules: Sequence[Reschedule] = (),
     attempts: int = 8,
+    busy_runs: frozenset[str] = frozenset(),
 ) -> Cycle:
     """One transaction of the worker's hot path: start buffered attempts for idle slots, record
     its slots' successes and pokes' reschedules, and claim more, in that order.
@@ -184,7 +185,8 @@ def work_cycle(
     task of a chain goes out in the same transaction that recorded its upstream). Each part is
     fenced as on its own (`start_claimed`, `complete_attempts`, `claim_task_instances`). Lock
     order stays task instances, then runs: the starts lock only this worker's rows, and the
-    claim skips locked rows, never waiting on one.
+    claim skips locked rows, never waiting on one. `busy_runs`: runs in which the caller holds
+    another active attempt, which the successes therefore cannot have ended (no close probe).
     """
 
     def work(conn: Connection) -> Cycle:
@@ -205,7 +207,9 @@ def work_cycle(
             (begun.get((t.task_instance_id, t.attempt), t) if t.started_at is None else t, v, o, x)
             for t, v, o, x in (_unpack(d) for d in successes)
         ]
-        done = _complete_in(db, conn, items, worker_id=worker_id, hostname=hostname, defer_notify=True)
+        done = _complete_in(
+            db, conn, items, worker_id=worker_id, hostname=hostname, defer_notify=True, busy_runs=busy_runs
+        )
         rescheduled = _reschedule_all(
             db,
             conn,
@@ -379,8 +383,10 @@ def _complete_in(
     worker_id: str,
     hostname: str,
     defer_notify: bool = False,
+    busy_runs: frozenset[str] = frozenset(),
 ) -> _Completed:
-    """The body of `complete_attempts`, inside the caller's transaction."""
+    """The body of `complete_attempts`, inside the caller's transaction (`busy_runs`: see
+    `work_cycle`)."""
     if not items:
         return _Completed(endings=[])
     now = dialects.statement_clock(conn)
@@ -418,7 +424,7 @@ def _complete_in(
         dialects.notify_ready(conn)
     # A run where this readied something is active; any other may have just ended (a leaf,
     # or a fan-in whose other branch failed).
-    for run_id in sorted(touched - readied):
+    for run_id in sorted(touched - readied - busy_runs):
         close_run_if_done(db, conn, run_id)
     # Last: a dataset's row lock (taken after any task instance lock) is held only to commit.
     record_outlet_events(conn, events)

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -294,10 +294,13 @@ class Worker:
         hungry = True  # whether a claim may find work (cleared when one came back short)
         delay = 0.25
         while not self.stopping.is_set():
+            # Read before the outcomes: an attempt a slot ends meanwhile is then in `unrecorded`.
+            in_slots = [r.task for r in (slot.running for slot in self.slots) if r is not None]
             with self._buffer_lock:
                 successes, pokes = _split([self._with_start_time(s) for s in self.unrecorded.values()])
                 buffered = len(self.prefetched)
                 taken = list(self.starting.values())
+                busy = _busy_runs(in_slots, self.prefetched, self.unrecorded)
             idle = self.idle.qsize()
             starts = min(idle, buffered)
             # Bounded admission: never more than `concurrency` running plus `prefetch` waiting.
@@ -313,7 +316,13 @@ class Worker:
                 self.reserved = {(t.task_instance_id, t.attempt) for t in to_start}
             try:
                 cycle = self._cycle(
-                    successes, pokes, to_start=to_start, taken=taken, want=want, start_new=idle - starts
+                    successes,
+                    pokes,
+                    to_start=to_start,
+                    taken=taken,
+                    want=want,
+                    start_new=idle - starts,
+                    busy_runs=busy,
                 )
             except Exception as exc:
                 with self._buffer_lock:
@@ -336,12 +345,14 @@ class Worker:
         want: int,
         start_new: int,
         taken: list[ClaimedTask] | None = None,
+        busy_runs: frozenset[str] = frozenset(),
     ) -> Cycle:
         sent = time.monotonic()
         cycle = work_cycle(
             self.db,
             successes=successes,
             reschedules=pokes,
+            busy_runs=busy_runs,
             start=to_start + (taken or []),
             claim_limit=want,
             claim_start=start_new,
@@ -816,6 +827,21 @@ class Worker:
                     "was": "running" if killed else "buffered",
                 },
             )
+
+
+def _busy_runs(
+    in_slots: Iterable[ClaimedTask],
+    buffered: Iterable[ClaimedTask],
+    unrecorded: Mapping[tuple[int, int], Any],
+) -> frozenset[str]:
+    """Runs in which this worker holds an attempt that no outcome of the coming pass ends: still
+    active, so the pass need not probe whether they are done (whoever ends their last active
+    instance closes them, and the sweep catches a missed close)."""
+    return frozenset(
+        t.run_id
+        for t in itertools.chain(in_slots, buffered)
+        if (t.task_instance_id, t.attempt) not in unrecorded
+    )
 
 
 def _is_poke(version: DagVersion, task: ClaimedTask) -> bool:
