@@ -15,7 +15,7 @@ from treadle.domain.transitions import UseCase, task_sources
 from treadle.store import dialects
 from treadle.store.tables import UTCDateTime, task_map_items, task_results
 from treadle.store.tables import task_instances as ti
-from treadle.store.task_instances import stamp
+from treadle.store.task_instances import requeue_reset, stamp
 
 #: Columns a mapped instance copies from the row it was expanded from.
 _COPIED = (
@@ -286,14 +286,7 @@ def requeue_held_back(conn: Connection, *, task_instance_id: int, now: datetime,
             state=TaskState.PENDING.value,
             queued_at=None,
             dispatch_deadline=None,
-            budget_base=ti.c.attempt,
-            orphaned_count=0,
-            dead_letter_reason=None,
-            ended_at=None,
-            worker_id=None,
-            # A requeued sensor waits afresh; a requeued submit-then-poll task submits anew.
-            first_poke_at=None,
-            poll_handle=sa.null(),
+            **requeue_reset(),
         )
     )
     return bool(result.rowcount)

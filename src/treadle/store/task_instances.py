@@ -81,7 +81,8 @@ def claim(
     excluded = Exclusions()
     for round_ in range(2):  # a second round looks past candidates that a full pool held back
         if round_ == 0 and now is None and dialects.has_writable_ctes(conn):
-            # One round trip takes the unlimited candidates; limited ones are admitted below.
+            # One round trip takes the unlimited candidates; the limited ones it returns, still
+            # locked, are admitted below (and, being limited, only ever claimed to start now).
             taken, candidates = _claim_at_once(
                 conn,
                 queues=queues,
@@ -92,27 +93,12 @@ def claim(
                 lease_s=lease_s,
             )
             claimed.extend(taken)
-            started_already = sum(1 for r in taken if r.started_at is not None)
-            admitted = limits.admit(conn, candidates, excluded)
-            # Limited attempts are only claimed to start now (never buffered, see below).
-            claimed.extend(
-                _take(
-                    conn,
-                    admitted[: max(start - started_already, 0)],
-                    worker_id=worker_id,
-                    hostname=hostname,
-                    now=now,
-                    lease_s=lease_s,
-                    started=True,
-                )
-            )
-            if len(claimed) >= limit or len(admitted) == len(candidates):
-                break
-            continue
-        candidates = _candidates(conn, queues=queues, limit=limit - len(claimed), skip=excluded)
+            starting = max(start - sum(1 for r in taken if r.started_at is not None), 0)
+        else:
+            candidates = _candidates(conn, queues=queues, limit=limit - len(claimed), skip=excluded)
+            # Moved to running before any next round, so that round's usage counts them.
+            starting = max(start - len(claimed), 0)
         admitted = limits.admit(conn, candidates, excluded)
-        # Moved to running before any next round, so that round's usage counts them.
-        starting = max(start - len(claimed), 0)
         # A buffered attempt would hold its pool slot (or DAG allowance) while it waits: only
         # unlimited ones are claimed ahead; limited ones stay queued for a free slot anywhere.
         limited = {c.id for c in candidates if c.pool is not None or c.dag_limit is not None}
@@ -788,17 +774,25 @@ def requeue_dead_letter(
             state=TaskState.QUEUED.value,
             queued_at=now,
             dispatch_deadline=dialects.plus_seconds(conn, stamp(now), ti.c.queue_timeout_s),
-            budget_base=ti.c.attempt,
-            orphaned_count=0,
-            dead_letter_reason=None,
-            ended_at=None,
-            worker_id=None,
-            # A requeued sensor waits afresh; a requeued submit-then-poll task submits anew.
-            first_poke_at=None,
-            poll_handle=sa.null(),
+            **requeue_reset(),
         )
     )
     return bool(result.rowcount)
+
+
+def requeue_reset() -> dict[str, Any]:
+    """The columns a requeue resets, whichever state it moves the instance to: a fresh retry
+    budget, no end, no worker, and the poke state forgotten."""
+    return {
+        "budget_base": ti.c.attempt,
+        "orphaned_count": 0,
+        "dead_letter_reason": None,
+        "ended_at": None,
+        "worker_id": None,
+        # A requeued sensor waits afresh; a requeued submit-then-poll task submits anew.
+        "first_poke_at": None,
+        "poll_handle": sa.null(),
+    }
 
 
 def promote_due_retries(conn: Connection, *, now: datetime, limit: int = 1000) -> int:
