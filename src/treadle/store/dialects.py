@@ -146,6 +146,23 @@ def built_once(conn: Connection, key: Hashable, build: Callable[[], T]) -> T:
     return cast(T, found)
 
 
+def unindexed(conn: Connection, column: Any) -> Any:
+    """`column` as a guard that no index may serve (PostgreSQL: `column || ''`), for statements
+    that find their rows by primary key and only check the state on them.
+
+    Without statistics (a table never analysed, or one a large run has just filled) the planner
+    may serve `id IN (...) AND state = 'queued'` from a state-led index and step over every row
+    in that state, so a claim or a start costs in proportion to the queue. The primary key is
+    then the only index left to it."""
+    if conn.dialect.name == "postgresql":
+        return column.op("||")(sa.literal_column("''"))
+    return column
+
+
+#: `unindexed` in the PostgreSQL-only statements written as SQL text (store/successes.py).
+UNINDEXED_STATE = "(t.state || '')"
+
+
 def has_update_returning(conn: Connection) -> bool:
     """True where UPDATE ... RETURNING is one statement (not emulated as on MySQL/MariaDB)."""
     return bool(conn.dialect.update_returning)

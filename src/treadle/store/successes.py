@@ -92,7 +92,8 @@ ended AS (
     SET state = '{TaskState.SUCCESS.value}', ended_at = statement_timestamp(),
         lease_expires_at = NULL, next_attempt_at = NULL, dead_letter_reason = NULL
     FROM v
-    WHERE t.id = v.id AND t.attempt = v.attempt AND t.state IN ({ending}) AND t.worker_id = :worker
+    WHERE t.id = v.id AND t.attempt = v.attempt AND {dialects.UNINDEXED_STATE} IN ({ending})
+      AND t.worker_id = :worker
     RETURNING t.id, t.attempt, t.ended_at
 ),
 recorded AS (

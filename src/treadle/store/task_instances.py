@@ -154,7 +154,8 @@ u AS (
         timeout_at = CASE WHEN n.rank <= :start THEN {at} + interval '1 second' * t.timeout_s END,
         next_attempt_at = NULL, dispatch_deadline = NULL
     FROM n
-    WHERE t.id = n.id AND n.pool IS NULL AND n.dag_limit IS NULL AND t.state IN ({claimable})
+    WHERE t.id = n.id AND n.pool IS NULL AND n.dag_limit IS NULL
+      AND {dialects.UNINDEXED_STATE} IN ({claimable})
     RETURNING n.rank, {returned}
 )
 SELECT 'taken' AS kind, u.rank, NULL AS pool, NULL AS pool_slots, NULL AS dag_limit,
@@ -237,7 +238,7 @@ def _build_take(conn: Connection, started: bool, stamped: bool) -> sa.UpdateBase
         sa.update(ti)
         .where(
             ti.c.id.in_(sa.bindparam("b_ids", expanding=True)),
-            ti.c.state.in_(task_sources(UseCase.CLAIM, TaskState.RUNNING)),
+            dialects.unindexed(conn, ti.c.state).in_(task_sources(UseCase.CLAIM, TaskState.RUNNING)),
         )
         .values(
             state=TaskState.RUNNING.value,
@@ -349,7 +350,7 @@ def _build_start_claimed(conn: Connection, stamped: bool) -> sa.UpdateBase:
                 sa.bindparam("b_held", expanding=True, type_=sa.TupleType(sa.BigInteger(), sa.Integer()))
             ),
             ti.c.worker_id == sa.bindparam("b_worker"),
-            ti.c.state == TaskState.RUNNING.value,
+            dialects.unindexed(conn, ti.c.state) == TaskState.RUNNING.value,
             ti.c.started_at.is_(None),
         )
         .values(started_at=at, timeout_at=dialects.plus_seconds(conn, at, ti.c.timeout_s))
@@ -855,7 +856,11 @@ def extend_leases(
     lock_in_id_order(conn, ids)
     stmt = (
         sa.update(ti)
-        .where(ti.c.id.in_(ids), ti.c.worker_id == worker_id, ti.c.state == TaskState.RUNNING.value)
+        .where(
+            ti.c.id.in_(ids),
+            ti.c.worker_id == worker_id,
+            dialects.unindexed(conn, ti.c.state) == TaskState.RUNNING.value,
+        )
         .values(lease_expires_at=now + timedelta(seconds=lease_s), heartbeat_at=now)
     )
     rows = dialects.update_returning(conn, stmt, (ti.c.id, ti.c.attempt), key=ti.c.id)
