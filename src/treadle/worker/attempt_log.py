@@ -44,8 +44,7 @@ class AttemptLog:
         self._fd: int | None = None
         if path is not None:
             try:
-                path.parent.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+                self._fd = _open_log(str(path))
                 self.written = os.fstat(self._fd).st_size
             except OSError as exc:  # no log beats no attempt; the worker's log says so
                 logger.warning(
@@ -78,6 +77,17 @@ class AttemptLog:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _open_log(path: str) -> int:
+    """Open (creating) a log file for appending, and its folders if they are missing: the file
+    first, since a retry's folder exists already (plain os calls: this runs for every attempt)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, FILE_MODE)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=FOLDER_MODE, exist_ok=True)
+        return os.open(path, flags, FILE_MODE)
 
 
 def pump(

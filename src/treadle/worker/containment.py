@@ -24,6 +24,7 @@ from pathlib import Path
 log = logging.getLogger("treadle.worker.child")
 
 PROC = Path("/proc")
+_HAS_PROC = PROC.is_dir()
 #: prctl option: re-parent orphaned descendants to the caller.
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -42,10 +43,16 @@ def become_subreaper() -> None:
 
 def has_children() -> bool:
     """True unless this process certainly has no child process (True where it cannot tell)."""
+    # Plain os calls, not pathlib's glob: this runs after every attempt of a task process.
+    tasks = f"{PROC}/self/task"
     try:
-        return any(f.read_text().strip() for f in (PROC / "self" / "task").glob("*/children"))
-    except OSError:
+        for thread in os.listdir(tasks):
+            with open(f"{tasks}/{thread}/children", "rb") as f:
+                if f.read().strip():
+                    return True
+    except OSError:  # a thread ended while being looked at, or no /proc: cannot tell
         return True
+    return False
 
 
 def kill_stray_processes() -> list[int]:
@@ -54,7 +61,7 @@ def kill_stray_processes() -> list[int]:
     Sweeps until a pass finds none (at most MAX_SWEEPS), reaping the killed processes that are
     this process's own children so that they do not linger as zombies.
     """
-    if not PROC.is_dir() or not has_children():
+    if not _HAS_PROC or not has_children():
         return []
     pgid, me = os.getpgid(0), os.getpid()
     killed: list[int] = []
