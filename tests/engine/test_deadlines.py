@@ -185,7 +185,7 @@ def test_a_deadline_that_passed_while_the_worker_still_heartbeated_is_a_timeout(
 
     wait_for(overdue, timeout=10, message="the 0.2 s deadline to pass")
     # The worker is alive past the deadline (it renews), then goes silent.
-    assert extend_leases(runner.db, worker_id="stuck", held=held, lease_s=0.5) == set(held)
+    assert extend_leases(runner.db, worker_id="stuck", held=held, lease_s=0.5) == (set(held), set())
     wait_for(lambda: reap_expired_leases(runner.db) == 2, timeout=10, message="both leases to expire")
 
     outcomes = {a.task_id: (a.outcome, a.error_type) for a in queries.run_detail(runner.db, run_id).attempts}

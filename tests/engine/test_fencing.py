@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -116,9 +117,28 @@ def test_heartbeat_keeps_a_lease_and_reports_lost_ones(runner: DagRunner) -> Non
     runner.trigger()
     [held] = _claim(runner, "w1", lease_s=0.05)
     pair = (held.task_instance_id, held.attempt)
-    assert extend_leases(runner.db, worker_id="w1", held=[pair], lease_s=30) == {pair}
+    assert extend_leases(runner.db, worker_id="w1", held=[pair], lease_s=30) == ({pair}, set())
     assert reap_expired_leases(runner.db) == 0
-    assert extend_leases(runner.db, worker_id="someone-else", held=[pair], lease_s=30) == set()
+    assert extend_leases(runner.db, worker_id="someone-else", held=[pair], lease_s=30) == (set(), set())
+
+
+def test_heartbeat_skips_a_row_another_transaction_holds_and_renews_it_next_time(runner: DagRunner) -> None:
+    if runner.db.is_sqlite:
+        pytest.skip("SQLite has no row locks: its writer lock serialises the two")
+    runner.trigger()
+    [held] = _claim(runner, "w1", lease_s=30)
+    pair = (held.task_instance_id, held.attempt)
+    # Another transaction (the worker's dispatch pass, a cancel) holds the row meanwhile: the
+    # renewal neither waits for it nor calls the attempt lost.
+    with runner.db.engine.connect() as other, other.begin():
+        other.execute(
+            sa.select(task_instances.c.id).where(task_instances.c.id == pair[0]).with_for_update()
+        ).all()
+        began = time.monotonic()
+        assert extend_leases(runner.db, worker_id="w1", held=[pair], lease_s=30) == (set(), {pair[0]})
+        waited = time.monotonic() - began
+    assert waited < 30, f"the renewal waited {waited:.1f} s for the row"
+    assert extend_leases(runner.db, worker_id="w1", held=[pair], lease_s=30) == ({pair}, set())
 
 
 def test_claim_honours_limit_priority_and_queue(db_url: str) -> None:

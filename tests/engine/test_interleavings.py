@@ -454,12 +454,13 @@ class Interleavings(RuleBasedStateMachine):
             # The reaper will judge the attempt from this heartbeat: make `slow`'s overrun
             # certain (timed_out), not a matter of how fast this step ran.
             self._wait_overdue([h for h in mine if h.started and h.task.task_id == "slow"])
-        renewed = extend_leases(
+        renewed, skipped = extend_leases(
             self.pools[pool],
             worker_id=worker,
             held=[h.key for h in mine],
             lease_s=DEAD_LEASE_S if last else LONG_LEASE_S,
         )
+        assert not skipped, "a heartbeat skipped a row no other transaction held"
         assert renewed == {h.key for h in mine}, "a heartbeat lost an attempt its worker still held"
         self.held = [replace(h, dead_lease=last) if h.worker == worker else h for h in self.held]
 

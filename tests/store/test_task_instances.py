@@ -74,11 +74,11 @@ def test_end_running_many_returns_only_the_rows_it_moved(db: Database) -> None:
             worker_id="w",
             now=db_now(conn),
         )
-        renewed = ti_store.extend_leases(
+        renewed, skipped = ti_store.extend_leases(
             conn, worker_id="w", held=[(ids["a"], 1), (ids["b"], 1)], now=db_now(conn), lease_s=60
         )
     assert list(ended) == [(ids["a"], 1)]
-    assert renewed == {(ids["b"], 1)}
+    assert (renewed, skipped) == ({(ids["b"], 1)}, set())
 
 
 def test_identifiers_are_case_sensitive(db: Database) -> None:

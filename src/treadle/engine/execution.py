@@ -190,15 +190,9 @@ def work_cycle(
     """
 
     def work(conn: Connection) -> Cycle:
-        # Several of this worker's rows change here: lock them in id order first, as the
-        # heartbeat does, so the two never deadlock (a statement's own lock order is the plan's).
-        if len(start) + len(successes) + len(reschedules) > 1:
-            ti_store.lock_in_id_order(
-                conn,
-                [t.task_instance_id for t in start]
-                + [_unpack(d)[0].task_instance_id for d in successes]
-                + [r.task.task_instance_id for r in reschedules],
-            )
+        # Several of this worker's rows change here, in each statement's own order: the
+        # heartbeat skips rows a pass holds instead of waiting (`extend_leases`), so the two
+        # cannot deadlock, and the pass takes no extra round trip to lock them in id order.
         started = _start_in(db, conn, start, worker_id=worker_id)
         # An attempt can finish before its start is recorded (a slot ran it straight from the
         # buffer): its attempt row takes the start time just written.
@@ -760,13 +754,14 @@ def hand_back_attempts(db: Database, tasks: list[ClaimedTask], *, worker_id: str
 
 def extend_leases(
     db: Database, *, worker_id: str, held: list[tuple[int, int]], lease_s: float, attempts: int = 8
-) -> set[tuple[int, int]]:
-    """Renew this worker's leases; returns the (task instance id, attempt) pairs it still holds.
+) -> tuple[set[tuple[int, int]], set[int]]:
+    """Renew this worker's leases; returns the (task instance id, attempt) pairs it still holds,
+    and the task instance ids whose rows another transaction held (left for the next renewal).
 
     A heartbeat passes few `attempts`: the next heartbeat is the retry.
     """
 
-    def work(conn: Connection) -> set[tuple[int, int]]:
+    def work(conn: Connection) -> tuple[set[tuple[int, int]], set[int]]:
         return ti_store.extend_leases(conn, worker_id=worker_id, held=held, now=db_now(conn), lease_s=lease_s)
 
     return db.transact(work, attempts=attempts)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -833,31 +833,30 @@ def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[Attem
     return _attempts(conn.execute(stmt))
 
 
-def lock_in_id_order(conn: Connection, ids: Iterable[int]) -> None:
-    """Lock task instance rows in id order (no-op on SQLite, whose writer lock serialises).
-
-    A transaction that changes several rows of one worker in more than one statement takes
-    their locks this way first, as the heartbeat's renewal does, so the two can never each hold
-    a row the other waits for (a deadlock).
-    """
-    wanted = sorted(set(ids))
-    if len(wanted) < 2:
-        return
-    conn.execute(dialects.lock_row(sa.select(ti.c.id).where(ti.c.id.in_(wanted)).order_by(ti.c.id), conn))
-
-
 def extend_leases(
     conn: Connection, *, worker_id: str, held: list[tuple[int, int]], now: datetime, lease_s: float
-) -> set[tuple[int, int]]:
-    """Extend the leases this worker still holds; returns the (id, attempt) pairs renewed."""
+) -> tuple[set[tuple[int, int]], set[int]]:
+    """Extend the leases this worker still holds. Returns the (id, attempt) pairs renewed, and
+    the ids skipped because another transaction held their row (the worker's own dispatch pass
+    starting or recording them, or a cancel under way): neither renewed nor lost this time.
+
+    Rows are locked in id order and locked rows are skipped, never waited for, so a renewal can
+    neither deadlock with a pass that changes several of the worker's rows in its own order nor
+    stall behind it; a lease is several heartbeats long, so one skipped renewal costs nothing.
+    """
     if not held:
-        return set()
+        return set(), set()
     ids = sorted({i for i, _ in held})
-    lock_in_id_order(conn, ids)
+    # (SQLite: a plain read; its single writer lock serialises transactions.)
+    lock = dialects.lock_for_claim(sa.select(ti.c.id).where(ti.c.id.in_(ids)).order_by(ti.c.id), conn, of=ti)
+    locked = [r.id for r in conn.execute(lock)]
+    skipped = set(ids) - set(locked)
+    if not locked:
+        return set(), skipped
     stmt = (
         sa.update(ti)
         .where(
-            ti.c.id.in_(ids),
+            ti.c.id.in_(locked),
             ti.c.worker_id == worker_id,
             dialects.unindexed(conn, ti.c.state) == TaskState.RUNNING.value,
         )
@@ -865,7 +864,7 @@ def extend_leases(
     )
     rows = dialects.update_returning(conn, stmt, (ti.c.id, ti.c.attempt), key=ti.c.id)
     renewed = {(r.id, r.attempt) for r in rows}
-    return renewed & set(held)
+    return renewed & set(held), skipped
 
 
 def get_task_instance(conn: Connection, task_instance_id: int) -> TaskInstanceInfo | None:

@@ -704,7 +704,7 @@ class Worker:
         held, waiting = self._held()
         sent = time.monotonic()
         try:
-            renewed = extend_leases(
+            renewed, skipped = extend_leases(
                 self.heartbeat_db,
                 worker_id=self.worker_id,
                 held=held,
@@ -716,7 +716,8 @@ class Worker:
         else:
             self.leases.granted(renewed, sent_at=sent)
             for pair in set(held) - renewed:  # cancelled, reaped or lost: stop it, start nothing
-                self.revoke(pair, reason="lease no longer held")
+                if pair[0] not in skipped:  # a row another transaction held: next time
+                    self.revoke(pair, reason="lease no longer held")
             self._record_fenced()
         held_outcomes = sum(slot.holding_outcome for slot in self.slots) + self.holding_outcomes
         if held_outcomes:
