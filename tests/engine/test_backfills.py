@@ -18,11 +18,12 @@ from treadle.domain.records import AttemptError, RunInfo
 from treadle.domain.states import AttemptOutcome, RunType
 from treadle.engine import backfill_actions as bf
 from treadle.engine.backfill_drain import drain_backfills
-from treadle.engine.dags import sync_dags, version_of
+from treadle.engine.dags import sync_dags
 from treadle.engine.execution import claim_task_instances, complete_attempts, fail_attempt
 from treadle.engine.leadership import Leadership
 from treadle.engine.runs import new_run
 from treadle.engine.scheduling import fire_due_schedules
+from treadle.engine.versions import version_of
 from treadle.errors import DagNotFound, InvalidRequest, NotLeader
 from treadle.store import dags as dag_store
 from treadle.store import runs as run_store

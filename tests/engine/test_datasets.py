@@ -13,7 +13,7 @@ from treadle.domain.records import RunInfo
 from treadle.domain.states import RunState, RunType
 from treadle.domain.transitions import UseCase
 from treadle.engine import queries
-from treadle.engine.dags import sync_dags, version_of
+from treadle.engine.dags import sync_dags
 from treadle.engine.datasets import (
     MAX_LISTED_EVENTS,
     dataset_events,
@@ -25,6 +25,7 @@ from treadle.engine.execution import claim_task_instances, complete_attempts
 from treadle.engine.leadership import Leadership
 from treadle.engine.pausing import set_paused
 from treadle.engine.runs import new_run
+from treadle.engine.versions import version_of
 from treadle.errors import InvalidRequest, NotLeader
 from treadle.store import datasets as dataset_store
 from treadle.store import runs as run_store

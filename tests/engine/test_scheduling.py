@@ -348,8 +348,8 @@ def test_catchup_skips_an_interval_a_backfill_already_ran(db: Database) -> None:
 
     def backfilled(conn: Connection) -> None:
         from treadle.domain.states import RunType
-        from treadle.engine.dags import version_of
         from treadle.engine.runs import new_run
+        from treadle.engine.versions import version_of
         from treadle.store import dags as dag_store
         from treadle.store import task_instances as ti_store
 

@@ -32,9 +32,9 @@ from treadle.domain.alerts import (
 from treadle.domain.dag_version import DagStructure
 from treadle.domain.outbox import OutboxKind
 from treadle.domain.states import DeadLetterReason, RunState, RunType
-from treadle.engine.dags import version_of
 from treadle.engine.outbox import write_entries
 from treadle.engine.scheduling import LEADER_LEASE
+from treadle.engine.versions import version_of
 from treadle.errors import NotLeader
 from treadle.store import alerts as alert_store
 from treadle.store import datasets as dataset_store

@@ -23,9 +23,9 @@ from treadle.domain.states import RunState, RunType
 from treadle.domain.timetable import ScheduleSpec
 from treadle.engine.admission import record_refusal, require_admission
 from treadle.engine.cancellation import cancel_run
-from treadle.engine.dags import version_of
 from treadle.engine.queries import runs_for_operators
 from treadle.engine.runs import require_run_allowed
+from treadle.engine.versions import version_of
 from treadle.errors import BackfillConflict, DagNotFound, InvalidRequest, Overloaded, ParamsInvalid
 from treadle.store import audit, dialects
 from treadle.store import backfills as backfill_store

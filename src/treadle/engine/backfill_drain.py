@@ -36,10 +36,10 @@ from treadle.domain.timetable import Timetable
 from treadle.engine import lineage
 from treadle.engine.admission import count_refusal, find_overload_now
 from treadle.engine.clearing import clear_in_transaction
-from treadle.engine.dags import version_of
 from treadle.engine.runs import new_run
 from treadle.engine.schedules import fires_of
 from treadle.engine.scheduling import LEADER_LEASE
+from treadle.engine.versions import version_of
 from treadle.errors import BackfillConflict, InvalidRequest, NotLeader, ParamsInvalid
 from treadle.store import audit, dialects
 from treadle.store import backfills as backfill_store

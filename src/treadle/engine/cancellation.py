@@ -21,11 +21,11 @@ from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, TaskState
 from treadle.domain.trigger_rules import End
 from treadle.engine import lineage, propagation
-from treadle.engine.dags import version_of
 from treadle.engine.execution import insert_attempt_record
 from treadle.engine.propagation import Arrival
 from treadle.engine.runs import cancel_run_row, close_run_if_done
 from treadle.engine.sensing import owe_job_cancels
+from treadle.engine.versions import version_of
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import cancellation as cancel_store

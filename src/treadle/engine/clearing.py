@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Connection
 
 from treadle.domain.clearing import plan_clear
-from treadle.engine.dags import version_of
 from treadle.engine.mapping import release_held_back
 from treadle.engine.propagation import branch_choices, settle
 from treadle.engine.runs import reopen_run
+from treadle.engine.versions import version_of
 from treadle.errors import ClearConflict, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import clearing as clear_store

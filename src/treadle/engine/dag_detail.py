@@ -9,8 +9,8 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagStructure, DagVersion
 from treadle.domain.records import DagInfo, RunInfo
-from treadle.engine.dags import version_of
 from treadle.engine.queries import runs_for_operators
+from treadle.engine.versions import version_of
 from treadle.errors import DagNotFound
 from treadle.store import dags as dag_store
 from treadle.store import datasets as dataset_store

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagStructure, DagVersion
+from treadle.domain.dag_version import DagStructure
 from treadle.domain.dataset_access import decide_outlets, describe_refusal
 from treadle.engine.schedules import register_schedules
 from treadle.store import dags as dag_store
@@ -97,22 +96,3 @@ def _check_outlets(
                 earlier[1] if earlier else "",
             )
     return [s for s in structures if s.dag_id not in decision.refused]
-
-
-def version_of(db: Database, conn: Connection, version_id: int) -> DagVersion:
-    """Return a DAG version, cached per database (versions are immutable)."""
-    found = db.version_cache.get(version_id)
-    if found is None:
-        versions_of(db, conn, [version_id])
-        found = db.version_cache[version_id]
-    return found
-
-
-def versions_of(db: Database, conn: Connection, version_ids: Iterable[int]) -> dict[int, DagVersion]:
-    """Return several DAG versions, reading the ones not cached yet in one query."""
-    wanted = set(version_ids)
-    missing = sorted(v for v in wanted if v not in db.version_cache)
-    if missing:
-        for version_id, (structure, digest) in dag_store.get_structures(conn, missing).items():
-            db.version_cache[version_id] = DagVersion.of(version_id, structure, version_hash=digest)
-    return {v: db.version_cache[v] for v in wanted}

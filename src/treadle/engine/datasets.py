@@ -43,9 +43,9 @@ from treadle.engine.admission import (
     is_dataset_refusal_audited,
     overloaded,
 )
-from treadle.engine.dags import version_of
 from treadle.engine.runs import new_run, queued_per_queue
 from treadle.engine.scheduling import LEADER_LEASE, SCHEDULER_IDENTITY
+from treadle.engine.versions import version_of
 from treadle.errors import InvalidRequest, MarksMoved, NotLeader, ParamsInvalid
 from treadle.store import datasets as dataset_store
 from treadle.store import dialects

@@ -10,10 +10,10 @@ from sqlalchemy.engine import Connection
 from treadle.domain.records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.states import TaskState
 from treadle.domain.transitions import UseCase
-from treadle.engine.dags import version_of
 from treadle.engine.mapping import release_held_back
 from treadle.engine.propagation import settle
 from treadle.engine.runs import reopen_run
+from treadle.engine.versions import version_of
 from treadle.errors import InvalidRequest, TaskInstanceNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import audit, dialects

@@ -13,7 +13,7 @@ from treadle.domain.records import TaskInstanceInfo, WorkerInfo
 from treadle.domain.sensing import PokeKind, SensorSpec, poke_deadline
 from treadle.domain.states import TERMINAL_TASK_STATES, TaskState
 from treadle.domain.trigger_rules import DEFAULT_RULE
-from treadle.engine.dags import version_of
+from treadle.engine.versions import version_of
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import dags as dag_store

@@ -23,11 +23,11 @@ from treadle.domain.sensing import SensorSpec, next_poke_at
 from treadle.domain.states import AttemptOutcome, TaskState
 from treadle.domain.transitions import ending_use_case
 from treadle.engine import lineage, outbox
-from treadle.engine.dags import version_of
 from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events
 from treadle.engine.mapping import claim_inputs
 from treadle.engine.propagation import FollowUp, after_dead_letter, after_success, deliver
 from treadle.engine.runs import close_run_if_done
+from treadle.engine.versions import version_of
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
 from treadle.store import pokes as poke_store

@@ -28,10 +28,10 @@ from treadle.domain.states import TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End
 from treadle.engine import outbox, propagation
-from treadle.engine.dags import version_of
 from treadle.engine.datasets import record_outlet_events
 from treadle.engine.mapping import release_held_back
 from treadle.engine.runs import close_run_if_done
+from treadle.engine.versions import version_of
 from treadle.errors import InvalidRequest, RunNotFound
 from treadle.store import attempts as attempt_store
 from treadle.store import audit, dialects

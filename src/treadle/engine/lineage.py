@@ -21,7 +21,7 @@ from treadle.domain.lineage import LineageEventType, run_event, task_event
 from treadle.domain.outbox import OutboxKind
 from treadle.domain.records import ClaimedTask, RunInfo
 from treadle.domain.states import RunState
-from treadle.engine.dags import version_of
+from treadle.engine.versions import version_of
 from treadle.store import outbox as outbox_store
 from treadle.store import runs as run_store
 from treadle.store.database import Database, db_now

@@ -28,7 +28,7 @@ from treadle.domain.records import AttemptRow
 from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End, end_of
-from treadle.engine.dags import version_of
+from treadle.engine.versions import version_of
 from treadle.store import attempts as attempt_store
 from treadle.store import mapping as mapping_store
 from treadle.store import readiness as readiness_store

@@ -39,7 +39,7 @@ from treadle.domain.trigger_rules import (
     evaluate,
 )
 from treadle.engine import mapping
-from treadle.engine.dags import version_of
+from treadle.engine.versions import version_of
 from treadle.store import attempts as attempt_store
 from treadle.store import dialects
 from treadle.store import readiness as readiness_store

@@ -66,7 +66,7 @@ def list_runs(db: Database, *, dag_id: str | None = None, limit: int = 50) -> li
 
 def runs_for_operators(db: Database, conn: Connection, runs: list[RunInfo]) -> list[RunInfo]:
     """The runs as operators may see them: params their DAG version marks secret masked."""
-    from treadle.engine.dags import versions_of
+    from treadle.engine.versions import versions_of
 
     versions = versions_of(db, conn, {r.dag_version_id for r in runs})
     return [mask_run(r, versions[r.dag_version_id].structure.params_schema) for r in runs]
@@ -91,7 +91,7 @@ def run_detail(db: Database, run_id: str) -> RunDetail:
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
         (shown,) = runs_for_operators(db, conn, [run])
-        from treadle.engine.dags import versions_of
+        from treadle.engine.versions import versions_of
 
         structure = versions_of(db, conn, [run.dag_version_id])[run.dag_version_id].structure
         return RunDetail(
@@ -191,7 +191,7 @@ def dag_version(db: Database, dag_id: str) -> DagVersion:
         dag = dag_store.get_dag(conn, dag_id)
         if dag is None or dag.latest_version_id is None:
             raise DagNotFound(f"no DAG {dag_id!r} is registered")
-        from treadle.engine.dags import versions_of
+        from treadle.engine.versions import versions_of
 
         return versions_of(db, conn, [dag.latest_version_id])[dag.latest_version_id]
 

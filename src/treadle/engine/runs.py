@@ -20,7 +20,7 @@ from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import TriggerRule
 from treadle.engine import lineage
 from treadle.engine.admission import record_refusal, require_admission
-from treadle.engine.dags import version_of
+from treadle.engine.versions import version_of
 from treadle.errors import DagInactive, DagNotFound, Overloaded, RunCancelledError, RunNotAllowed, RunNotFound
 from treadle.store import audit, dialects
 from treadle.store import dags as dag_store

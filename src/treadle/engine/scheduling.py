@@ -22,9 +22,9 @@ from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunType
 from treadle.engine import lineage
-from treadle.engine.dags import versions_of
 from treadle.engine.runs import new_run
 from treadle.engine.schedules import fires_of
+from treadle.engine.versions import versions_of
 from treadle.errors import NotLeader, ParamsInvalid, WatermarkMoved
 from treadle.store import dialects
 from treadle.store import leases as lease_store

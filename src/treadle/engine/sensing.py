@@ -31,7 +31,6 @@ from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End
 from treadle.engine import lineage, outbox, propagation
-from treadle.engine.dags import version_of
 from treadle.engine.execution import (
     MAX_MESSAGE_CHARS,
     Ending,
@@ -42,6 +41,7 @@ from treadle.engine.execution import (
     spec_of,
 )
 from treadle.engine.runs import close_run_if_done
+from treadle.engine.versions import version_of
 from treadle.store import dialects
 from treadle.store import job_cancellations as job_store
 from treadle.store import pokes as poke_store

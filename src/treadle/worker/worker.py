@@ -23,7 +23,7 @@ from treadle.config import Settings
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
-from treadle.engine.dags import SyncReport, sync_dags, version_of
+from treadle.engine.dags import SyncReport, sync_dags
 from treadle.engine.datasets import OutletEvent
 from treadle.engine.execution import (
     Cycle,
@@ -36,6 +36,7 @@ from treadle.engine.execution import (
     work_cycle,
 )
 from treadle.engine.sensing import ORPHANED_JOB, owe_job_cancel
+from treadle.engine.versions import version_of
 from treadle.engine.workers import record_worker, touch_worker
 from treadle.observability.hooks import NO_HOOKS, Hooks
 from treadle.store.database import Database, is_transient
