@@ -13,6 +13,9 @@ one run of 500 tasks, starts `treadle api` as a real process, and measures over 
   each client sends an `Idempotency-Key` on every other trigger, as a retrying client would;
 * the API process's resident memory (VmRSS) after all of it.
 
+`--scenarios trigger` (or any comma-separated subset of list, detail, trigger, saturated) runs
+only those; with `--runs 1000` the seeding takes a second.
+
 `--profile FILE` samples the API process with py-spy during the triggers (collapsed stacks).
 Prints one JSON object with p50 / p99 / max per operation, and the machine's load averages.
 """
@@ -123,38 +126,49 @@ def dist(values: list[float]) -> dict[str, float]:
     }
 
 
+SCENARIOS = ("list", "detail", "trigger", "saturated")
+
+
 def measure(base: str, token: str, big_run: str, args: argparse.Namespace, *, pid: int) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"}
     client = httpx.Client(base_url=base, headers=headers, timeout=60)
-    pages: list[float] = []
-    cursor = None
-    for _ in range(args.pages):
-        params = {"limit": 50, **({"cursor": cursor} if cursor else {})}
-        start = time.perf_counter()
-        body = client.get("/api/v1/runs", params=params).json()
-        pages.append(time.perf_counter() - start)
-        cursor = body["next_cursor"]
-    details = [
-        timed(lambda: client.get(f"/api/v1/runs/{big_run}").raise_for_status()) for _ in range(args.details)
-    ]
+    figures: dict[str, Any] = {}
+    if "list" in args.scenarios:
+        pages: list[float] = []
+        cursor = None
+        for _ in range(args.pages):
+            params = {"limit": 50, **({"cursor": cursor} if cursor else {})}
+            start = time.perf_counter()
+            body = client.get("/api/v1/runs", params=params).json()
+            pages.append(time.perf_counter() - start)
+            cursor = body["next_cursor"]
+        figures["run_list_page"] = dist(pages)
+    if "detail" in args.scenarios:
+        details = [
+            timed(lambda: client.get(f"/api/v1/runs/{big_run}").raise_for_status())
+            for _ in range(args.details)
+        ]
+        figures["run_detail_500_tasks"] = dist(details)
+    triggers = 0
     cpu_before = cpu_s(pid)
-    paced = _triggers(base, headers, args, rate=args.rate)
-    began = time.perf_counter()
-    saturated = _triggers(base, headers, args, rate=None)
-    took = time.perf_counter() - began
-    cpu_ms = (cpu_s(pid) - cpu_before) * 1000 / (len(paced) + len(saturated))
-    return {
-        "run_list_page": dist(pages),
-        "run_detail_500_tasks": dist(details),
-        "trigger": {"clients": args.clients, "per_client_per_s": args.rate, **dist(paced)},
-        "trigger_saturated": {
+    if "trigger" in args.scenarios:
+        paced = _triggers(base, headers, args, rate=args.rate)
+        triggers += len(paced)
+        figures["trigger"] = {"clients": args.clients, "per_client_per_s": args.rate, **dist(paced)}
+    if "saturated" in args.scenarios:
+        began = time.perf_counter()
+        saturated = _triggers(base, headers, args, rate=None)
+        took = time.perf_counter() - began
+        triggers += len(saturated)
+        figures["trigger_saturated"] = {
             "clients": args.clients,
             "per_s": round(len(saturated) / took, 1),
             **dist(saturated),
-        },
+        }
+    if triggers:
         #: CPU the API process spent per trigger (user + system), whatever the machine's load.
-        "trigger_api_cpu_ms": round(cpu_ms, 2),
-    }
+        figures["trigger_api_cpu_ms"] = round((cpu_s(pid) - cpu_before) * 1000 / triggers, 2)
+    return figures
 
 
 def cpu_s(pid: int) -> float:
@@ -214,7 +228,21 @@ def main() -> None:
     parser.add_argument("--triggers", type=int, default=10)
     parser.add_argument("--rate", type=float, default=1.0, help="Paced triggers per second per client.")
     parser.add_argument("--profile", type=Path, default=None, help="Write py-spy collapsed stacks here.")
+    parser.add_argument("--api-log", type=Path, default=None, help="Write the API process's stderr here.")
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"Comma-separated, of {', '.join(SCENARIOS)} (default: all); `--scenarios trigger` "
+        "measures the paced triggers alone.",
+    )
     args = parser.parse_args()
+    chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SCENARIOS))
+    if unknown or not chosen:
+        parser.error(
+            f"--scenarios: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SCENARIOS)}"
+        )
+    args.scenarios = frozenset(chosen)
     with pg_database("bench_api") as url, tempfile.TemporaryDirectory() as home:
         db = Database(url, pool_size=4)
         migrate.upgrade(db)
@@ -244,7 +272,7 @@ def main() -> None:
             [sys.executable, "-m", "treadle.cli", "api", "--port", str(port), "--log-level", "WARNING"],
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=args.api_log.open("wb") if args.api_log else subprocess.DEVNULL,
         )
         try:
             base = f"http://127.0.0.1:{port}"

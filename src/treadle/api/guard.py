@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote
 
+from sqlalchemy.engine import Connection
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,7 +25,7 @@ from treadle.api.sessions import CSRF_FORM_FIELD, CSRF_HEADER, SESSION_COOKIE, S
 from treadle.domain.access import Principal, redact_secrets
 from treadle.engine import accounts
 from treadle.store import audit
-from treadle.store.database import Database, db_now
+from treadle.store.database import Database, Enlistment, db_now
 from treadle.web import public as web_paths
 
 log = logging.getLogger("treadle.api")
@@ -58,6 +60,39 @@ class Caller:
     principal: Principal
     via_cookie: bool
     address: str | None
+
+
+class RequestAudit:
+    """The `api.request` entry of one mutating call, written once: by the route, in the
+    transaction of its change (`audited_with_change`), or else by the guard after the response."""
+
+    def __init__(self, request: Request, caller: Caller, body: bytes) -> None:
+        self.request, self.caller, self.body = request, caller, body
+        #: Set by a route that wrote the entry with its change (once that committed, it is done).
+        self.enlistment: Enlistment | None = None
+
+    @property
+    def written(self) -> bool:
+        """True once the entry is in the database (with the route's change)."""
+        return self.enlistment is not None and self.enlistment.committed
+
+    def record(self, conn: Connection, *, status: int) -> None:
+        """Append the entry, in the caller's transaction."""
+        request = self.request
+        audit.record(
+            conn,
+            at=db_now(conn),
+            actor=self.caller.principal.actor,
+            action="api.request",
+            target=request.url.path,
+            details={
+                "method": request.method,
+                "status": status,
+                "query": redact_secrets(dict(request.query_params)),
+                "body": _redacted_body(self.body),
+            },
+            address=self.caller.address,
+        )
 
 
 class Guard:
@@ -104,16 +139,17 @@ class Guard:
             extra = {"password_change": f"{API}/auth/password"} if title == "Password change required" else {}
             await problem(status, title, detail, **extra)(scope, replay, send)
             if status == 403 and caller is not None and request.method not in SAFE_METHODS:
-                await run_in_threadpool(self._audit, request, caller, body, status)
+                await run_in_threadpool(self._record, RequestAudit(request, caller, body), status)
             return
         assert caller is not None
-        scope.setdefault("state", {})["caller"] = caller
+        state = scope.setdefault("state", {})
+        state["caller"] = caller
+        pending = RequestAudit(request, caller, body) if request.method not in SAFE_METHODS else None
+        state["request_audit"] = pending
         status_seen: list[int] = []
         await self.app(scope, replay, _status_recorder(send, status_seen))
-        if request.method not in SAFE_METHODS:
-            await run_in_threadpool(
-                self._audit, request, caller, body, status_seen[0] if status_seen else 500
-            )
+        if pending is not None and not pending.written:
+            await run_in_threadpool(self._record, pending, status_seen[0] if status_seen else 500)
 
     def _page_redirect(self, request: Request, status: int, title: str) -> str | None:
         """Where a browser opening a page goes instead of a refusal: the sign-in page, or the
@@ -166,32 +202,32 @@ class Guard:
             return caller, (403, "Password change required", detail)
         return caller, None
 
-    def _audit(self, request: Request, caller: Caller, body: bytes, status: int) -> None:
+    def _record(self, pending: RequestAudit, status: int) -> None:
         """Record one mutating call: who, what, from where, with which (redacted) parameters."""
-        details: dict[str, Any] = {
-            "method": request.method,
-            "status": status,
-            "query": redact_secrets(dict(request.query_params)),
-            "body": _redacted_body(body),
-        }
-
-        def work(conn: Any) -> None:
-            audit.record(
-                conn,
-                at=db_now(conn),
-                actor=caller.principal.actor,
-                action="api.request",
-                target=request.url.path,
-                details=details,
-                address=caller.address,
-            )
-
         try:
-            self.db.transact(work)
+            self.db.transact(lambda conn: pending.record(conn, status=status))
         except Exception:
             # The change itself is audited by the engine in its own transaction; a lost request
             # record is logged, never turned into a failed response after the fact.
             log.exception("could not record an API call", extra={"event": "api.audit_failed"})
+
+
+@contextmanager
+def audited_with_change(request: Request, *, status: int) -> Iterator[None]:
+    """Within the block, the call's `api.request` entry (with `status`) joins the next write
+    transaction (the route's change), so one transaction makes the change and records the call.
+
+    If that transaction rolls back, or there is none (a replayed answer, a refusal), the guard
+    records the call after the response, with the status it had, as for any other route.
+    """
+    pending: RequestAudit | None = getattr(request.state, "request_audit", None)
+    if pending is None:
+        yield
+        return
+    db: Database = request.app.state.db
+    with db.enlisted(lambda conn: pending.record(conn, status=status)) as enlistment:
+        pending.enlistment = enlistment
+        yield
 
 
 def _form_csrf(request: Request, body: bytes) -> str | None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from treadle.cli.main import Context, cli, pass_context
+from treadle.cli.main import Context, cli, pass_context, require_schema
 from treadle.engine import accounts
 from treadle.errors import ConfigError
 from treadle.observability.logging import configure_logging
@@ -57,7 +57,7 @@ def build_app(ctx: Context, *, host: str, metrics: Metrics | None = None) -> Fas
     settings = ctx.settings
     api_settings = ApiSettings.from_env(ctx.layered.env)
     local = is_local_sqlite(settings.database_url)
-    db = ctx.db_upgraded("treadle-api") if local else ctx.db
+    db = ctx.db_upgraded("treadle-api") if local else _api_db(ctx)
     announce_bootstrap(db, api_settings)
     problems = start_problems(
         host=host,
@@ -83,6 +83,19 @@ def build_app(ctx: Context, *, host: str, metrics: Metrics | None = None) -> Fas
         backfill_max_span_days=settings.backfill_max_span_days,
         process_metrics=metrics,
     )
+
+
+#: Connections the API keeps open: each request holds one at a time, and uvicorn's thread pool
+#: runs up to 40 requests at once. Beyond it up to 10 more are opened, and closed once returned:
+#: a pool smaller than the requests in flight opens and closes a connection for many of them.
+API_POOL_SIZE = 20
+
+
+def _api_db(ctx: Context) -> Database:
+    """The API's database (a larger pool than the CLI's), checked to be at the code's revision."""
+    db = ctx.open_db("treadle-api", pool_size=API_POOL_SIZE)
+    require_schema(db)
+    return db
 
 
 def announce_bootstrap(db: Database, api_settings: ApiSettings) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -44,6 +45,12 @@ BOOTSTRAP_ADMIN = "admin"
 #: Token secrets start with this, so a leaked one is easy to recognise (and to scan for).
 TOKEN_PREFIX = "trd_"
 _hasher = PasswordHasher()
+#: How long a token's principal is reused without reading the database again. A token revoked,
+#: or a user disabled or demoted, by another process is refused within this; by this process
+#: (every account change goes through this module) at once.
+TOKEN_CACHE_S = 5.0
+#: Most principals the token cache holds (it is emptied when full).
+TOKEN_CACHE_SIZE = 10_000
 
 
 @functools.cache
@@ -209,7 +216,10 @@ def set_role(db: Database, username: str, *, team: str, role: Role | None, by: C
         assert updated is not None
         return updated
 
-    return db.transact(work)
+    try:
+        return db.transact(work)
+    finally:
+        _forget_principals(db)
 
 
 def set_active(db: Database, username: str, *, active: bool, by: Caller) -> None:
@@ -222,7 +232,10 @@ def set_active(db: Database, username: str, *, active: bool, by: Caller) -> None
         action = "user.enable" if active else "user.disable"
         audit.record(conn, at=now, actor=by.actor, action=action, target=username, address=by.address)
 
-    db.transact(work)
+    try:
+        db.transact(work)
+    finally:
+        _forget_principals(db)
 
 
 def end_sessions(db: Database, username: str, *, by: Caller) -> None:
@@ -234,7 +247,10 @@ def end_sessions(db: Database, username: str, *, by: Caller) -> None:
         user_store.update_user(conn, found.id, now=now)
         audit.record(conn, at=now, actor=by.actor, action="auth.logout", target=username, address=by.address)
 
-    db.transact(work)
+    try:
+        db.transact(work)
+    finally:
+        _forget_principals(db)
 
 
 def set_password(
@@ -267,7 +283,10 @@ def set_password(
         )
         return found.session_version + 1
 
-    return db.transact(work)
+    try:
+        return db.transact(work)
+    finally:
+        _forget_principals(db)
 
 
 def _verify(password_hash: str, password: str) -> bool:
@@ -336,24 +355,47 @@ def principal_for_session(db: Database, user_id: int, *, session_version: int) -
 
 
 def principal_for_token(db: Database, secret: str) -> Principal | None:
-    """The principal of an API token, or None if unknown, revoked, expired or its user disabled."""
+    """The principal of an API token, or None if unknown, revoked, expired or its user disabled.
 
-    def work(conn: Connection) -> Principal | None:
-        token = user_store.token_by_hash(conn, hash_token(secret))
-        if token is None or not token.is_usable(db_now(conn)):
-            return None
-        owner = user_store.get_user(conn, user_id=token.user_id)
-        if owner is None or not owner.is_active:
-            return None
-        return Principal(
-            user_id=owner.id,
-            username=owner.username,
-            grants=token_grants(owner.memberships, team=token.team, role=token.role),
-            token_id=token.id,
-            must_change_password=owner.must_change_password,
-        )
+    A usable token's principal is kept `TOKEN_CACHE_S` seconds (never past the token's expiry);
+    every account change made through this module forgets them all.
+    """
+    token_hash = hash_token(secret)
+    cached = db.principal_cache.get(token_hash)
+    if cached is not None:
+        if time.monotonic() < cached[0]:
+            return cached[1]
+        db.principal_cache.pop(token_hash, None)
+    generation = db.principal_generation
+    started = time.monotonic()
+    found = db.query(lambda conn: user_store.token_principal(conn, token_hash))
+    if found is None:
+        return None
+    token, owner, now = found
+    if not token.is_usable(now) or not owner.is_active:
+        return None
+    principal = Principal(
+        user_id=owner.id,
+        username=owner.username,
+        grants=token_grants(owner.memberships, team=token.team, role=token.role),
+        token_id=token.id,
+        must_change_password=owner.must_change_password,
+    )
+    keep_s = TOKEN_CACHE_S
+    if token.expires_at is not None:
+        keep_s = min(keep_s, (token.expires_at - now).total_seconds())
+    # Not kept if an account changed while it was read: it may predate the change.
+    if db.principal_generation == generation:
+        if len(db.principal_cache) >= TOKEN_CACHE_SIZE:
+            db.principal_cache.clear()
+        db.principal_cache[token_hash] = (started + keep_s, principal)
+    return principal
 
-    return db.query(work)
+
+def _forget_principals(db: Database) -> None:
+    """Forget every cached token principal (after an account change, which may end or narrow one)."""
+    db.principal_generation += 1
+    db.principal_cache.clear()
 
 
 def create_token(
@@ -436,7 +478,10 @@ def revoke_token(db: Database, token_id: int, *, by: Caller) -> None:
             conn, at=now, actor=by.actor, action="token.revoke", target=str(token_id), address=by.address
         )
 
-    db.transact(work)
+    try:
+        db.transact(work)
+    finally:
+        _forget_principals(db)
 
 
 def create_team(db: Database, name: str, *, description: str = "", by: Caller) -> None:

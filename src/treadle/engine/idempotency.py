@@ -50,11 +50,11 @@ def recorded_response(db: Database, request: IdempotentRequest) -> Response | No
     IdempotencyKeyInProgress when its first request has not recorded its response yet.
     """
 
-    def read(conn: Connection) -> tuple[key_store.KeyRow | None, Any]:
-        return key_store.get_key(conn, request.key_hash), db_now(conn)
-
-    row, now = db.query(read)
-    if row is None or row.expires_at <= now:
+    found = db.query(lambda conn: key_store.get_key_and_clock(conn, request.key_hash))
+    if found is None:
+        return None
+    row, now = found
+    if row.expires_at <= now:
         return None
     if row.fingerprint != request.fingerprint:
         what = (

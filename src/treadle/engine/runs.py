@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,8 +14,8 @@ from treadle.domain.conf_limits import check_conf_limits
 from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagStructure, DagVersion
 from treadle.domain.manifest import DatasetConsumption, build_manifest
 from treadle.domain.params import resolve_params
-from treadle.domain.records import RunInfo
-from treadle.domain.secret_params import mask_secrets
+from treadle.domain.records import DagInfo, RunInfo
+from treadle.domain.secret_params import mask_run, mask_secrets
 from treadle.domain.states import TERMINAL_RUN_STATES, RunState, RunType, TaskState
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import TriggerRule
@@ -44,6 +45,8 @@ def trigger_run(
     default_task_timeout_s: float | None = DEFAULT_TASK_TIMEOUT_S,
     address: str | None = None,
     admission: AdmissionLimits = NO_LIMITS,
+    check: Callable[[DagInfo], None] | None = None,
+    masked: bool = False,
 ) -> RunInfo:
     """Create a run of the DAG's latest version with its roots queued, in one transaction.
 
@@ -57,6 +60,10 @@ def trigger_run(
 
     A run whose queued task instances would exceed an `admission` limit is refused with
     Overloaded (nothing created; the refusal audited as `admission.refused` and counted).
+
+    `check(dag)` runs once the DAG is read, in the transaction, and may refuse (the API's
+    permission check on the DAG's team); `masked` returns the run as operators see it, its
+    secret params masked.
     """
     conf = dict(conf or {})
     check_conf_limits(conf)
@@ -65,6 +72,8 @@ def trigger_run(
         dag = dag_store.get_dag(conn, dag_id)
         if dag is None or dag.latest_version_id is None:
             raise DagNotFound(f"no DAG {dag_id!r} is registered (run `treadle dags sync`?)")
+        if check is not None:
+            check(dag)
         if not dag.is_active:
             raise DagInactive(dag_id=dag_id, fileloc=dag.fileloc)
         version = version_of(db, conn, dag.latest_version_id)
@@ -100,7 +109,7 @@ def trigger_run(
             address=address,
         )
         dialects.notify_ready(conn)
-        return run
+        return mask_run(run, structure.params_schema) if masked else run
 
     # Two manual triggers in one clock tick (SQLite's clock has millisecond resolution) would
     # share a logical date; retrying reads the clock again. Time-based runs must not retry: for

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from treadle.domain.access import Principal
 from treadle.domain.alerts import Alerting
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
@@ -122,7 +123,7 @@ class Enlistment:
         self.committed = False
 
 
-_ENLISTED: ContextVar[Enlistment | None] = ContextVar("treadle_enlisted", default=None)
+_ENLISTED: ContextVar[tuple[Enlistment, ...]] = ContextVar("treadle_enlisted", default=())
 
 
 class Database:
@@ -149,6 +150,11 @@ class Database:
         self.version_cache: dict[int, DagVersion] = {}
         #: Run id -> run, read by claims only for fields fixed at creation (version, date, conf).
         self.run_cache: dict[str, RunInfo] = {}
+        #: Token hash -> (monotonic deadline, principal): the API's short-lived token cache
+        #: (engine/accounts.py fills it, and empties it on every account change it makes).
+        self.principal_cache: dict[str, tuple[float, Principal]] = {}
+        #: Moves on at every such change, so a principal read across one is not kept.
+        self.principal_generation = 0
         self.max_map_length = max_map_length
         #: Where a SQLite database's wake-ups go (store/wakeups.py); None elsewhere.
         self.wakeups = wakeups.for_url(self.url) if self.dialect == "sqlite" else None
@@ -188,29 +194,33 @@ class Database:
         """A short write transaction (on SQLite it takes the write lock at BEGIN).
 
         On SQLite, the wake-ups the transaction asked for (`dialects.notify_ready` ...) are sent
-        once it has committed; never on rollback.
+        once it has committed; never on rollback. A transaction that enlisted writes join
+        (`enlisted`) reads the database clock once: every `db_now` in it, theirs and the use
+        case's, is that one reading.
         """
         pending = None
-        enlisted = _ENLISTED.get()
-        if enlisted is not None and enlisted.spent:
-            enlisted = None
+        enlisted = [e for e in _ENLISTED.get() if not e.spent]
         try:
             with self.engine.begin() as conn:
                 conn.info.pop(dialects.PENDING_WAKEUPS, None)
+                conn.info.pop(dialects.SHARED_CLOCK, None)
+                if enlisted:
+                    conn.info[dialects.SHARED_CLOCK] = None
                 try:
-                    if enlisted is not None:
-                        enlisted.join(conn)
+                    for enlistment in enlisted:
+                        enlistment.join(conn)
                     yield conn
                 finally:
                     pending = conn.info.pop(dialects.PENDING_WAKEUPS, None)
+                    conn.info.pop(dialects.SHARED_CLOCK, None)
         except sa.exc.DBAPIError:
-            raise  # a database error: `transact` may retry, and the enlistment joins the retry
+            raise  # a database error: `transact` may retry, and the enlistments join the retry
         except BaseException:
-            if enlisted is not None:
-                enlisted.spent = True
+            for enlistment in enlisted:
+                enlistment.spent = True
             raise
-        if enlisted is not None:
-            enlisted.spent = enlisted.committed = True
+        for enlistment in enlisted:
+            enlistment.spent = enlistment.committed = True
         if pending and self.wakeups is not None:
             self.wakeups.publish(pending)
 
@@ -219,11 +229,12 @@ class Database:
         """Within the block, `join(conn)` runs first in the next write transaction of this
         context (thread or task), so its write commits or rolls back with that transaction's.
 
-        The API claims an Idempotency-Key this way inside the use case's own transaction; reads
-        (`query`) never join.
+        The API claims an Idempotency-Key this way inside the use case's own transaction, and
+        records the request's audit entry; reads (`query`) never join. Enlistments nest: an
+        inner one joins after the outer ones.
         """
         enlistment = Enlistment(join)
-        token = _ENLISTED.set(enlistment)
+        token = _ENLISTED.set((*_ENLISTED.get(), enlistment))
         try:
             yield enlistment
         finally:

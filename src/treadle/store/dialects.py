@@ -31,18 +31,41 @@ CANCEL_CHANNEL = "treadle_cancel"
 SCHEDULER_CHANNEL = "treadle_scheduler"
 
 
+#: conn.info key: present while a transaction shares one clock reading (None until it is read).
+SHARED_CLOCK = "treadle_shared_clock"
+
+
 def now(conn: Connection) -> datetime:
-    """Return the database clock as an aware UTC datetime."""
+    """Return the database clock as an aware UTC datetime (the transaction's one reading, when
+    it shares one: `Database.begin`)."""
+    shared = conn.info.get(SHARED_CLOCK)
+    if shared is not None:
+        assert isinstance(shared, datetime)
+        return shared
+    value = clock_value(conn, conn.execute(sa.select(clock_sql(conn))).scalar_one())
+    if SHARED_CLOCK in conn.info:
+        conn.info[SHARED_CLOCK] = value
+    return value
+
+
+def clock_sql(conn: Connection) -> sa.ColumnElement[Any]:
+    """The database clock as a column to select beside others (`clock_value` reads it): a
+    statement that needs the time reads it with its rows, in the same round trip."""
     if conn.dialect.name == "sqlite":
-        text = conn.exec_driver_sql("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')").scalar_one()
-        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+        return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now")
     if conn.dialect.name == "mysql":
         # UTC_TIMESTAMP is UTC whatever the session time zone; (6) keeps the microseconds.
-        naive = conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
-        assert isinstance(naive, datetime)
-        return naive.replace(tzinfo=UTC)
-    value = conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
+        return sa.func.utc_timestamp(6)
+    return sa.func.clock_timestamp()
+
+
+def clock_value(conn: Connection, value: Any) -> datetime:
+    """The aware UTC datetime of a `clock_sql` column's value."""
+    if conn.dialect.name == "sqlite":
+        return datetime.fromisoformat(value).replace(tzinfo=UTC)
     assert isinstance(value, datetime)
+    if conn.dialect.name == "mysql":
+        return value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
 
 

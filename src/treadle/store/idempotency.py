@@ -34,10 +34,20 @@ class KeyRow:
 
 def get_key(conn: Connection, key_hash: str) -> KeyRow | None:
     """The key's row, expired or not (None: never claimed, or pruned)."""
-    row = conn.execute(sa.select(idempotency_keys).where(idempotency_keys.c.key_hash == key_hash)).first()
+    found = get_key_and_clock(conn, key_hash)
+    return found[0] if found is not None else None
+
+
+def get_key_and_clock(conn: Connection, key_hash: str) -> tuple[KeyRow, datetime] | None:
+    """The key's row, expired or not, and the database clock, in one statement (None: never
+    claimed, or pruned)."""
+    stmt = sa.select(idempotency_keys, dialects.clock_sql(conn).label("clock")).where(
+        idempotency_keys.c.key_hash == key_hash
+    )
+    row = conn.execute(stmt).first()
     if row is None:
         return None
-    return KeyRow(
+    key = KeyRow(
         key_hash=row.key_hash,
         fingerprint=row.fingerprint,
         request_line=row.request_line,
@@ -47,6 +57,7 @@ def get_key(conn: Connection, key_hash: str) -> KeyRow | None:
         created_at=row.created_at,
         expires_at=row.expires_at,
     )
+    return key, dialects.clock_value(conn, row.clock)
 
 
 def insert_claim(

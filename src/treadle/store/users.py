@@ -59,16 +59,16 @@ def list_users(conn: Connection) -> list[UserRecord]:
     return [_user(r, grants.get(r.id, {})) for r in rows]
 
 
-def _user(row: sa.Row[tuple[object, ...]], memberships: dict[str, Role]) -> UserRecord:
+def _user(row: sa.Row[tuple[object, ...]], memberships: dict[str, Role], *, prefix: str = "") -> UserRecord:
     m = row._mapping
     return UserRecord(
-        id=m["id"],
-        username=m["username"],
-        password_hash=m["password_hash"],
-        is_active=bool(m["is_active"]),
-        must_change_password=bool(m["must_change_password"]),
-        session_version=m["session_version"],
-        created_at=m["created_at"],
+        id=m[f"{prefix}id"],
+        username=m[f"{prefix}username"],
+        password_hash=m[f"{prefix}password_hash"],
+        is_active=bool(m[f"{prefix}is_active"]),
+        must_change_password=bool(m[f"{prefix}must_change_password"]),
+        session_version=m[f"{prefix}session_version"],
+        created_at=m[f"{prefix}created_at"],
         memberships=memberships,
     )
 
@@ -154,13 +154,13 @@ def _token_select() -> sa.Select[tuple[object, ...]]:
     )
 
 
-def _token(row: sa.Row[tuple[object, ...]]) -> TokenRecord:
+def _token(row: sa.Row[tuple[object, ...]], *, username_key: str = "username") -> TokenRecord:
     m = row._mapping
     return TokenRecord(
         id=m["id"],
         name=m["name"],
         user_id=m["user_id"],
-        username=m["username"],
+        username=m[username_key],
         team=m["team"],
         role=Role(m["role"]),
         created_at=m["created_at"],
@@ -169,10 +169,31 @@ def _token(row: sa.Row[tuple[object, ...]]) -> TokenRecord:
     )
 
 
-def token_by_hash(conn: Connection, token_hash: str) -> TokenRecord | None:
-    """The token whose secret hashes to `token_hash`, or None."""
-    row = conn.execute(_token_select().where(api_tokens.c.token_hash == token_hash)).first()
-    return _token(row) if row else None
+def token_principal(conn: Connection, token_hash: str) -> tuple[TokenRecord, UserRecord, datetime] | None:
+    """The token whose secret hashes to `token_hash`, its user with the user's memberships, and
+    the database clock, in one statement; None if there is no such token."""
+    m = team_memberships.alias("m")
+    stmt = (
+        sa.select(
+            api_tokens,
+            *(c.label(f"owner_{c.name}") for c in users.c),
+            m.c.team.label("member_team"),
+            m.c.role.label("member_role"),
+            dialects.clock_sql(conn).label("clock"),
+        )
+        .select_from(
+            api_tokens.join(users, users.c.id == api_tokens.c.user_id).outerjoin(m, m.c.user_id == users.c.id)
+        )
+        .where(api_tokens.c.token_hash == token_hash)
+    )
+    rows = conn.execute(stmt).all()
+    if not rows:
+        return None
+    first = rows[0]
+    memberships = {r.member_team: Role(r.member_role) for r in rows if r.member_team is not None}
+    token = _token(first, username_key="owner_username")
+    owner = _user(first, memberships, prefix="owner_")
+    return token, owner, dialects.clock_value(conn, first.clock)
 
 
 def get_token(conn: Connection, token_id: int) -> TokenRecord | None:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import JSONResponse
 
 from treadle.api.deps import authorize, get_db, require
-from treadle.api.guard import API, Caller
+from treadle.api.guard import API, Caller, audited_with_change
 from treadle.api.idempotency import RESPONSES, IdempotencyKey, answer_once
 from treadle.api.schemas import DagDetail, Identifier, ScheduleOut, TriggerRequest
 from treadle.domain.access import Action, Role
@@ -119,20 +119,22 @@ def trigger(
     the body naming the limit (`limit.setting`). With an `Idempotency-Key`, a retry gets the
     first response and starts no second run.
     """
-    dag = dag_or_404(db, dag_id)
-    authorize(caller, Action.TRIGGER_RUN, team=dag.team)
 
     def make() -> RunInfo:
-        run = trigger_run(
-            db,
-            dag_id,
-            conf=body.conf,
-            triggered_by=caller.principal.actor,
-            default_queue_timeout_s=request.app.state.queue_timeout_s,
-            address=caller.address,
-            admission=request.app.state.admission,
-        )
-        return queries.run_for_operators(db, run)
+        # One transaction: the DAG's team checked, the run made, the trigger and this call audited
+        # (and, with a key, the key claimed).
+        with audited_with_change(request, status=status.HTTP_201_CREATED):
+            return trigger_run(
+                db,
+                dag_id,
+                conf=body.conf,
+                triggered_by=caller.principal.actor,
+                default_queue_timeout_s=request.app.state.queue_timeout_s,
+                address=caller.address,
+                admission=request.app.state.admission,
+                check=lambda dag: authorize(caller, Action.TRIGGER_RUN, team=dag.team),
+                masked=True,
+            )
 
     return answer_once(
         request, caller, key=idempotency_key, body=body, status_code=201, model=RunInfo, make=make
