@@ -3,7 +3,7 @@
 counted by a subscriber).
 
 A fresh PostgreSQL database gets `--events` pending outbox entries (dataset events); this process
-takes the leader lease and runs the relay's rounds (claim 200, post 16 at a time over kept-alive
+takes the leader lease and runs the relay's rounds (claim 500, post 32 at a time over kept-alive
 connections, settle in one transaction, each step fenced by the epoch) until none is pending.
 The receiver, in a child process, is an asyncio HTTP/1.1 server (or, with `--receiver threaded`,
 http.server's threaded one), both keeping connections alive: it verifies every body's HMAC
