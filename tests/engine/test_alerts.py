@@ -167,6 +167,36 @@ def test_a_dead_letter_alert_has_every_field_in_both_bodies_and_repeats_are_dedu
         runner.close()
 
 
+def test_a_streak_is_read_from_the_newest_count_runs_and_past_it_repeats_are_duplicates(
+    db_url: str, receivers: Receivers
+) -> None:
+    runner = _runner(ledger, db_url)  # consecutive_failures count=2: two ended runs are read
+    try:
+        first = runner.trigger()
+        runner.run_until_done(first)
+        second = runner.trigger()
+        runner.run_until_done(second)
+        assert _check(runner.db) == 1
+        third = runner.trigger()
+        runner.run_until_done(third)
+        # Three in a row: the two newest are read, the streak's key slides to `second`, and the
+        # repeat about the same DAG within the window is recorded, not sent.
+        assert _check(runner.db) == 0
+        streaks = [
+            f
+            for f in runner.db.query(lambda conn: alert_store.firings(conn))
+            if f.kind == "consecutive_failures"
+        ]
+        assert sorted((f.run_id, f.disposition) for f in streaks) == sorted(
+            [(second, "sent"), (third, "duplicate")]
+        )
+        _deliver(runner.db, receivers)
+        (streak,) = _alerts(receivers, "consecutive_failures")
+        assert streak["first_failed_run_id"] == first and streak["failed_runs"] == 2
+    finally:
+        runner.close()
+
+
 @task(retries=0)
 def nightly_copy() -> None:
     raise RuntimeError("disk full")

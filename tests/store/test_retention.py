@@ -22,6 +22,7 @@ from treadle.engine.retention import prune
 from treadle.engine.workers import record_worker
 from treadle.errors import InvalidRequest
 from treadle.scheduler.loop import Scheduler
+from treadle.store import alerts as alert_store
 from treadle.store import job_cancellations as job_cancels
 from treadle.store.database import Database, db_now
 from treadle.store.tables import (
@@ -180,7 +181,13 @@ def test_old_finished_runs_go_with_all_their_rows_and_the_rest_stays(
     report = prune(db, older_than=timedelta(days=1), audit_older_than=timedelta(days=1))
 
     assert not report.dry_run
-    assert report.rows.by_table() == {**history.old_rows, "audit_log": 1, "workers": 2, "idempotency_keys": 0}
+    assert report.rows.by_table() == {
+        **history.old_rows,
+        "audit_log": 1,
+        "workers": 2,
+        "idempotency_keys": 0,
+        "alert_firings": 0,
+    }
     assert rows_of(db, history.old) == dict.fromkeys(history.old_rows, 0)
     assert rows_of(db, history.kept) == history.kept_rows
     with db.read() as conn:
@@ -205,7 +212,13 @@ def test_dry_run_deletes_nothing_and_counts_what_a_prune_deletes(runner: DagRunn
     real = prune(db, older_than=timedelta(days=1), audit_older_than=timedelta(days=1))
     assert real.deleted_anything
     assert dry.rows == real.rows
-    assert dry.rows.by_table() == {**history.old_rows, "audit_log": 1, "workers": 2, "idempotency_keys": 0}
+    assert dry.rows.by_table() == {
+        **history.old_rows,
+        "audit_log": 1,
+        "workers": 2,
+        "idempotency_keys": 0,
+        "alert_firings": 0,
+    }
 
 
 def test_pruning_goes_in_batches_of_short_transactions(runner: DagRunner) -> None:
@@ -222,7 +235,13 @@ def test_pruning_goes_in_batches_of_short_transactions(runner: DagRunner) -> Non
     assert report.batches == 3
     assert len(commits) >= 3
     assert report.rows.dag_runs == 5
-    assert report.rows.by_table() == {**expected, "audit_log": 0, "workers": 0, "idempotency_keys": 0}
+    assert report.rows.by_table() == {
+        **expected,
+        "audit_log": 0,
+        "workers": 0,
+        "idempotency_keys": 0,
+        "alert_firings": 0,
+    }
     assert rows_of(db, old) == dict.fromkeys(expected, 0)
 
 
@@ -266,6 +285,7 @@ def test_the_audit_log_is_kept_unless_its_own_longer_retention_is_given(
         "audit_log": 1,
         "workers": 0,
         "idempotency_keys": 0,
+        "alert_firings": 0,
     }
     after = _audit_entries(db)
     # Only the entry older than 30 days went; every other entry is exactly as it was.
@@ -367,3 +387,47 @@ def test_pruned_runs_lose_their_files_and_kept_runs_keep_them(sqlite_url: str, t
     assert done.returncode == 0, done.stderr
     assert not run_folder(home, old).exists()
     assert (run_folder(home, recent) / "artifacts" / "t" / "a").exists()
+
+
+def test_alert_firings_go_once_past_the_dedup_window_and_the_history_cutoff_with_their_run(
+    runner: DagRunner,
+) -> None:
+    old, kept = finished_runs(runner, 2)
+    set_run(runner.db, [old], ended_at=LONG_AGO)
+    now = runner.db.query(db_now)
+
+    def firing(name: str, *, run_id: str | None, ago: timedelta) -> alert_store.Firing:
+        return alert_store.Firing(
+            key=name,
+            rule="system:run_over_budget:abc",
+            subject=f"four_steps/{name}",
+            kind="run_over_budget",
+            dag_id="four_steps",
+            run_id=run_id,
+            disposition="sent",
+            fired_at=now - ago,
+        )
+
+    rows = [
+        firing("of-pruned-run", run_id=old, ago=timedelta(hours=2)),
+        firing("of-kept-run", run_id=kept, ago=timedelta(days=3000)),
+        firing("of-gone-run", run_id="never-existed", ago=timedelta(hours=2)),
+        firing("runless-old", run_id=None, ago=timedelta(hours=2)),
+        # Older than the 10-minute history cutoff but within the 1-hour default dedup window.
+        firing("runless-in-window", run_id=None, ago=timedelta(minutes=30)),
+        firing("of-pruned-run-in-window", run_id=old, ago=timedelta(minutes=30)),
+    ]
+    with runner.db.begin() as conn:
+        for row in rows:
+            alert_store.record(conn, row)
+
+    dry = prune(runner.db, older_than=timedelta(minutes=10), dry_run=True)
+    assert dry.rows.alert_firings == 3 and dry.rows.dag_runs == 1
+    # The longer of the history's 10 minutes and the default 1-hour dedup window.
+    assert dry.cutoff is not None and dry.firings_cutoff == dry.cutoff - timedelta(minutes=50)
+    report = prune(runner.db, older_than=timedelta(minutes=10))
+    assert report.rows.alert_firings == 3 and report.rows.dag_runs == 1
+    left = {f.key for f in runner.db.query(lambda conn: alert_store.firings(conn))}
+    assert left == {"of-kept-run", "runless-in-window", "of-pruned-run-in-window"}
+    # Without a history retention nothing of the alerts goes.
+    assert prune(runner.db, older_than=None, audit_older_than=timedelta(days=1)).rows.alert_firings == 0

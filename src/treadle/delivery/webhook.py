@@ -4,14 +4,22 @@ Headers: `X-Treadle-Event` (the kind), `X-Treadle-Delivery` (the entry id: recei
 on it, since delivery is at least once), `X-Treadle-Timestamp` (Unix seconds) and
 `X-Treadle-Signature: sha256=<hex>` over `<timestamp>.<body>` with TREADLE_OUTBOX_WEBHOOK_SECRET.
 Any 2xx within the acknowledgement deadline is a delivery; anything else a failure.
+
+The relay posts from many threads at once; each thread keeps its own HTTP/1.1 connection alive
+(the standard library's http.client: an httpx client shared by 32 threads cost about 2.8 ms of
+CPU per post on the benchmark machine, this about 0.35 ms, see docs/performance.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
+import ssl
+import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -51,17 +59,50 @@ def post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str]) -
 
 
 class WebhookSink:
-    """Posts entries to `url` (connections kept alive; safe to share between threads)."""
+    """Posts entries to `url` over kept-alive connections, one per posting thread (safe to share
+    between threads)."""
 
     def __init__(self, url: str, *, secret: str | None, ack_s: float) -> None:
-        self.url, self.secret = url, secret
-        self.client = httpx.Client(timeout=ack_s, limits=httpx.Limits(max_connections=64))
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"webhook URL must be http:// or https:// with a host, got {url!r}")
+        self.url, self.secret, self.ack_s = url, secret, ack_s
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._host_header = parts.netloc.rpartition("@")[2]
+        self._tls = ssl.create_default_context() if self._https else None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[http.client.HTTPConnection] = []
+
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection, and whether it was used before (it may have been closed)."""
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn, True
+        if self._https:
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.ack_s, context=self._tls)
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.ack_s)
+        self._local.conn = conn
+        with self._lock:
+            self._connections.append(conn)
+        return conn, False
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        self._local.conn = None
+        with self._lock:
+            if conn in self._connections:
+                self._connections.remove(conn)
 
     def deliver(self, entry: OutboxEntry) -> str | None:
         """Post one entry; None when the receiver acknowledged it, else what went wrong."""
         body = body_of(entry)
         timestamp = str(int(time.time()))
         headers = {
+            "Host": self._host_header,
             "Content-Type": "application/json",
             "X-Treadle-Event": entry.kind,
             "X-Treadle-Delivery": str(entry.id),
@@ -69,8 +110,29 @@ class WebhookSink:
         }
         if self.secret:
             headers["X-Treadle-Signature"] = signature(self.secret, timestamp=timestamp, body=body)
-        return post(self.client, self.url, body, headers)
+        while True:
+            conn, reused = self._connection()
+            try:
+                conn.request("POST", self._target, body=body, headers=headers)
+                response = conn.getresponse()
+                text = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                self._drop(conn)
+                if reused:
+                    continue  # the receiver closed an idle kept-alive connection: once more, on a new one
+                return f"{type(exc).__name__}: {exc}"[:2000]
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(conn)
+                return f"{type(exc).__name__}: {exc}"[:2000]
+            if response.will_close:
+                self._drop(conn)
+            if 200 <= response.status < 300:
+                return None
+            return f"HTTP {response.status}: {text[:500].decode('utf-8', 'replace')}"
 
     def close(self) -> None:
         """Close the kept-alive connections."""
-        self.client.close()
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()

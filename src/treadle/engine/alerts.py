@@ -53,8 +53,6 @@ _OUTBOX_KIND = {
     AlertKind.SENSOR_TIMEOUT: OutboxKind.SENSOR_TIMEOUT,
     AlertKind.BACKFILL_OVER_BUDGET: OutboxKind.BACKFILL_OVER_BUDGET,
 }
-#: Most ended runs read per DAG to measure a streak of failures.
-STREAK_WINDOW = 200
 
 
 def _context(db: Database, structure: DagStructure | None, occurrence: Occurrence) -> Context:
@@ -344,9 +342,15 @@ def _long_runs(conn: Connection, rules: Mapping[str, list[AlertRule]], *, now: d
 
 
 def _streaks(conn: Connection, rules: Mapping[str, list[AlertRule]]) -> list[Occurrence]:
+    """A DAG's failed runs in a row, from its newest `count` ended runs (the largest count of its
+    rules): enough to decide every rule, and one short indexed read per DAG. The streak's first
+    run (its key) is the oldest failed run read, so a streak is one occurrence until it grows past
+    that count; a longer one slides with each new failure, its repeats recorded as duplicates
+    within the rule's window and sent again once per window while the DAG keeps failing."""
     found = []
     for dag_id in sorted(rules):
-        latest = alert_store.latest_ended(conn, dag_id, limit=STREAK_WINDOW)
+        needed = max(r.count or 1 for r in rules[dag_id])
+        latest = alert_store.latest_ended(conn, dag_id, limit=needed)
         streak = []
         for run in latest:
             if run.state != RunState.FAILED.value:
@@ -355,6 +359,7 @@ def _streaks(conn: Connection, rules: Mapping[str, list[AlertRule]]) -> list[Occ
         if not streak:
             continue
         first, newest = streak[-1], streak[0]
+        many = f"at least {len(streak)}" if len(streak) == needed else str(len(streak))
         found.append(
             Occurrence(
                 kind=AlertKind.CONSECUTIVE_FAILURES,
@@ -362,7 +367,7 @@ def _streaks(conn: Connection, rules: Mapping[str, list[AlertRule]]) -> list[Occ
                 dag_id=dag_id,
                 run_id=newest.run_id,
                 measure=len(streak),
-                summary=f"{dag_id} failed {len(streak)} runs in a row (latest {newest.run_id})",
+                summary=f"{dag_id} failed {many} runs in a row (latest {newest.run_id})",
                 next_action=(
                     f"`treadle runs list --dag {dag_id}` and `treadle why {newest.run_id}`; "
                     "the same failure in every run points at a change, not at chance"

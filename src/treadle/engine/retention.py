@@ -1,4 +1,11 @@
-"""Retention: prune finished runs, their history, old audit entries and gone workers.
+"""Retention: prune finished runs, their history, old audit entries, gone workers and the
+alert firings deduplication no longer needs.
+
+An alert firing goes once it is older than the history's cutoff and than the longest
+deduplication window in use (the deployment's default, the deployment's rules', every active
+DAG's rules'), and its run is gone (or it is about no run: a freshness miss, a backfill). Until
+then it may still decide a repeat's disposition (`last_sent_at`) or keep an occurrence that
+lasts (a run awaiting inspection or over its budget) from alerting again under the same key.
 
 Each batch is its own short transaction, so pruning years of history never holds locks for
 long and can stop (or fail) between batches without leaving a run half deleted.
@@ -13,7 +20,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
+from treadle.domain.alerts import AlertRule
 from treadle.errors import InvalidRequest
+from treadle.store import datasets as dataset_store
 from treadle.store import idempotency as key_store
 from treadle.store import retention as retention_store
 from treadle.store.database import Database, db_now
@@ -38,6 +47,8 @@ class PruneReport:
     cutoff: datetime | None
     #: Database time before which audit entries were pruned (None: the audit log was kept).
     audit_cutoff: datetime | None = None
+    #: Database time before which alert firings of gone runs were pruned (None: kept).
+    firings_cutoff: datetime | None = None
     dry_run: bool
     #: Transactions that deleted something (0 in a dry run).
     batches: int
@@ -91,18 +102,34 @@ def prune(
     now = db.query(db_now)
     cutoff = now - older_than if older_than is not None else None
     audit_cutoff = now - audit_older_than if audit_older_than is not None else None
+    firings_cutoff = None
+    if cutoff is not None:
+        window = timedelta(seconds=db.query(lambda conn: longest_dedup_s(db, conn)))
+        firings_cutoff = min(cutoff, now - window)
     if dry_run:
         rows = db.query(
             lambda conn: retention_store.count_prunable(
-                conn, cutoff=cutoff, audit_cutoff=audit_cutoff, now=now
+                conn, cutoff=cutoff, audit_cutoff=audit_cutoff, now=now, firings_cutoff=firings_cutoff
             )
         )
-        return PruneReport(cutoff=cutoff, audit_cutoff=audit_cutoff, dry_run=True, batches=0, rows=rows)
+        return PruneReport(
+            cutoff=cutoff,
+            audit_cutoff=audit_cutoff,
+            firings_cutoff=firings_cutoff,
+            dry_run=True,
+            batches=0,
+            rows=rows,
+        )
     total, batches = PrunedRows(), 0
     while max_batches is None or batches < max_batches:
         deleted, run_ids = db.transact(
             lambda conn: _prune_batch(
-                conn, cutoff=cutoff, audit_cutoff=audit_cutoff, now=now, batch_runs=batch_runs
+                conn,
+                cutoff=cutoff,
+                audit_cutoff=audit_cutoff,
+                firings_cutoff=firings_cutoff,
+                now=now,
+                batch_runs=batch_runs,
             )
         )
         if on_deleted is not None and run_ids:
@@ -110,7 +137,25 @@ def prune(
         if deleted.total == 0:
             break
         total, batches = total + deleted, batches + 1
-    return PruneReport(cutoff=cutoff, audit_cutoff=audit_cutoff, dry_run=False, batches=batches, rows=total)
+    return PruneReport(
+        cutoff=cutoff,
+        audit_cutoff=audit_cutoff,
+        firings_cutoff=firings_cutoff,
+        dry_run=False,
+        batches=batches,
+        rows=total,
+    )
+
+
+def longest_dedup_s(db: Database, conn: Connection) -> float:
+    """The longest deduplication window of the alert rules in use: the deployment's default and
+    rules, and the rules of every active DAG's latest version (a rule no DAG declares any more
+    has another rule id, so its firings decide no repeat)."""
+    rules: list[AlertRule] = list(db.alerting.rules)
+    for structure in dataset_store.latest_structures(conn):
+        rules.extend(structure.contract.alerts)
+    windows = [db.alerting.dedup_s, *(r.dedup_s for r in rules if r.dedup_s is not None)]
+    return max(windows)
 
 
 def check_ages(older_than: timedelta | None, audit_older_than: timedelta | None) -> None:
@@ -132,6 +177,7 @@ def _prune_batch(
     *,
     cutoff: datetime | None,
     audit_cutoff: datetime | None,
+    firings_cutoff: datetime | None,
     now: datetime,
     batch_runs: int,
 ) -> tuple[PrunedRows, list[str]]:
@@ -146,10 +192,16 @@ def _prune_batch(
         return PrunedRows(audit_log=audit, idempotency_keys=keys), []
     run_ids = retention_store.lock_old_runs(conn, cutoff=cutoff, limit=batch_runs)
     runs = retention_store.delete_runs(conn, run_ids)
+    firings = (
+        retention_store.delete_old_alert_firings(conn, cutoff=firings_cutoff, limit=limit)
+        if firings_cutoff is not None
+        else 0
+    )
     others = PrunedRows(
         audit_log=audit,
         workers=retention_store.delete_old_workers(conn, cutoff=cutoff, limit=limit),
         idempotency_keys=keys,
+        alert_firings=firings,
     )
     return runs + others, list(run_ids)
 

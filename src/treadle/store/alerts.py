@@ -173,12 +173,16 @@ def running_since_before(
 
 def latest_ended(conn: Connection, dag_id: str, *, limit: int) -> list[RunRow]:
     """The DAG's `limit` newest ended runs that are not backfills, newest first (cancelled
-    runs are left out: they say nothing about the pipeline's health)."""
+    runs are left out: they say nothing about the pipeline's health).
+
+    Meant for the (dag_id, created_at) index, walked backwards until `limit` rows match; `state
+    || ''` keeps a planner without statistics (SQLite) from taking the (dag_id, state) index
+    instead, which would read every ended run of the DAG and sort them."""
     stmt = (
         sa.select(*_RUN_COLUMNS)
         .where(
             dag_runs.c.dag_id == dag_id,
-            dag_runs.c.state.in_([RunState.SUCCESS.value, RunState.FAILED.value]),
+            dag_runs.c.state.concat("").in_([RunState.SUCCESS.value, RunState.FAILED.value]),
             dag_runs.c.run_type != RunType.BACKFILL.value,
         )
         .order_by(dag_runs.c.created_at.desc(), dag_runs.c.run_id.desc())

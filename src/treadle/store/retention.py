@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 from treadle.domain.states import TERMINAL_RUN_STATES
 from treadle.store import idempotency
 from treadle.store.tables import (
+    alert_firings,
     audit_log,
     dag_runs,
     job_cancellations,
@@ -41,6 +42,8 @@ class PrunedRows:
     workers: int = 0
     #: Expired Idempotency-Keys (they carry their own expiry; pruned whatever the cutoffs).
     idempotency_keys: int = 0
+    #: Alert firings no deduplication needs any more (see `_old_firing_condition`).
+    alert_firings: int = 0
 
     def __add__(self, other: PrunedRows) -> PrunedRows:
         return PrunedRows(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -70,13 +73,32 @@ def _old_worker_condition(cutoff: datetime) -> sa.ColumnElement[bool]:
     return workers.c.last_heartbeat_at < cutoff
 
 
+def _old_firing_condition(cutoff: datetime) -> sa.ColumnElement[bool]:
+    # Fired before `cutoff` (the caller makes it no later than the history's cutoff and the
+    # longest deduplication window in use) and about a run that is gone, or about no run at all
+    # (a freshness miss, a backfill): neither a repeat's window nor an occurrence that can come
+    # back under the same key (a run still waiting for inspection, still running) needs it.
+    # No index on fired_at: the table holds one row per alert, and a batch stops at `limit`.
+    run_gone = ~sa.exists().where(dag_runs.c.run_id == alert_firings.c.run_id)
+    return sa.and_(
+        alert_firings.c.fired_at < cutoff,
+        sa.or_(alert_firings.c.run_id.is_(None), run_gone),
+    )
+
+
 def count_prunable(
-    conn: Connection, *, cutoff: datetime | None, audit_cutoff: datetime | None, now: datetime | None = None
+    conn: Connection,
+    *,
+    cutoff: datetime | None,
+    audit_cutoff: datetime | None,
+    now: datetime | None = None,
+    firings_cutoff: datetime | None = None,
 ) -> PrunedRows:
     """Count every row a full prune would delete, per table (reads only).
 
     `cutoff` bounds runs and workers (None: none go), `audit_cutoff` audit entries (None: none go),
-    `now` the Idempotency-Keys that expired (None: none go).
+    `now` the Idempotency-Keys that expired (None: none go), `firings_cutoff` alert firings
+    (None: none go; the rows of runs a prune deletes count as gone).
     """
 
     def count(table: sa.Table, condition: sa.ColumnElement[bool]) -> int:
@@ -87,6 +109,19 @@ def count_prunable(
     if cutoff is None:
         return PrunedRows(audit_log=audit, idempotency_keys=keys)
     old_runs = sa.select(dag_runs.c.run_id).where(_old_run_condition(cutoff)).scalar_subquery()
+    firings = 0
+    if firings_cutoff is not None:
+        firings = count(
+            alert_firings,
+            sa.and_(
+                alert_firings.c.fired_at < firings_cutoff,
+                sa.or_(
+                    alert_firings.c.run_id.is_(None),
+                    alert_firings.c.run_id.in_(old_runs),
+                    ~sa.exists().where(dag_runs.c.run_id == alert_firings.c.run_id),
+                ),
+            ),
+        )
     return PrunedRows(
         dag_runs=count(dag_runs, _old_run_condition(cutoff)),
         task_instances=count(task_instances, task_instances.c.run_id.in_(old_runs)),
@@ -97,6 +132,7 @@ def count_prunable(
         audit_log=audit,
         workers=count(workers, _old_worker_condition(cutoff)),
         idempotency_keys=keys,
+        alert_firings=firings,
     )
 
 
@@ -175,6 +211,22 @@ def delete_old_workers(conn: Connection, *, cutoff: datetime, limit: int) -> int
     # Re-checked in the delete: a worker that heartbeated since the select keeps its row.
     stmt = sa.delete(workers).where(workers.c.worker_id.in_(ids), _old_worker_condition(cutoff))
     return int(conn.execute(stmt).rowcount)
+
+
+def delete_old_alert_firings(conn: Connection, *, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` alert firings older than `cutoff` whose run is gone (or that are
+    about no run); returns how many. Run after the batch's runs were deleted."""
+    keys = list(
+        conn.execute(
+            sa.select(alert_firings.c.key)
+            .where(_old_firing_condition(cutoff))
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).scalars()
+    )
+    if not keys:
+        return 0
+    return int(conn.execute(sa.delete(alert_firings).where(alert_firings.c.key.in_(keys))).rowcount)
 
 
 def existing_run_ids(conn: Connection, run_ids: list[str]) -> set[str]:
