@@ -37,7 +37,14 @@ def start(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Po
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # A test run started in the background of a non-interactive shell ignores SIGINT, and
+        # children inherit that: give them the default, as a terminal's Ctrl-C would find it.
+        preexec_fn=_default_sigint,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(proc: subprocess.Popen[bytes], *, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
