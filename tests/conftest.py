@@ -4,7 +4,9 @@ PostgreSQL comes from TREADLE_TEST_PG_URL (default: the machine's server, databa
 Each test gets `CREATE DATABASE ... TEMPLATE treadle_template_<pid>`, migrated once per session.
 MariaDB/MySQL comes from TREADLE_TEST_MYSQL_URL; it has no template databases, so each test
 gets a new database whose tables are copied (`CREATE TABLE ... LIKE`) from one migrated once.
-A missing server skips those tests locally and fails them when CI is set.
+A missing server skips those tests locally and fails them when CI is set. The drivers are
+imported only by the fixtures that use them, so SQLite tests run on a SQLite-only install too
+(.ci/wheel-matrix).
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-import pymysql
 import pytest
 import sqlalchemy as sa
 
 from treadle.store import migrate
 from treadle.store.database import Database
+
+if TYPE_CHECKING:
+    import psycopg
+    import pymysql
 
 PG_ADMIN_URL = os.environ.get("TREADLE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 #: Per test session, so sessions running side by side never drop each other's template.
@@ -36,12 +40,16 @@ def _pg_url(dbname: str) -> str:
 
 
 def _admin() -> psycopg.Connection:
+    import psycopg
+
     return psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
 
 
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     """Create (once per session) a migrated template database; yields its name."""
+    import psycopg
+
     try:
         conn = _admin()
     except psycopg.OperationalError as exc:
@@ -75,6 +83,8 @@ def _mysql_url(dbname: str) -> str:
 
 
 def _mysql_admin() -> pymysql.connections.Connection[Any]:
+    import pymysql
+
     url = sa.engine.make_url(MYSQL_ADMIN_URL)
     return pymysql.connect(
         host=url.host or "127.0.0.1",
@@ -100,6 +110,8 @@ def _mysql_drop(name: str) -> None:
 @pytest.fixture(scope="session")
 def mysql_template() -> Iterator[str]:
     """Create (once per session) a migrated MariaDB/MySQL database to copy tables from."""
+    import pymysql
+
     try:
         _mysql_admin().close()
     except pymysql.err.OperationalError as exc:

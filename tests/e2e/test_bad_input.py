@@ -79,15 +79,60 @@ def test_database_url_schemes_are_matched_exactly(url: str, cluster: Callable[..
         assert SUPPORTED in done.stderr
 
 
-def test_a_mysql_url_without_pymysql_names_the_extra(tmp_path: Path, cluster: Callable[..., Cluster]) -> None:
-    # A module that fails to import, first on the path: what Python sees when PyMySQL is absent.
-    shadow = tmp_path / "shadow"
-    shadow.mkdir()
-    (shadow / "pymysql.py").write_text("raise ImportError(\"No module named 'pymysql'\")\n")
-    c = cluster("mariadb://root@127.0.0.1:3306/test")
+def without(c: Cluster, tmp_path: Path, module: str) -> None:
+    """Make `module` fail to import in `c`'s processes: a package that raises ImportError, first on
+    the path (what Python sees when the package is not installed)."""
+    shadow = tmp_path / f"without-{module}"
+    (shadow / module).mkdir(parents=True)
+    (shadow / module / "__init__.py").write_text(f"raise ImportError(\"No module named '{module}'\")\n")
     c.env["PYTHONPATH"] = f"{shadow}:{c.env.get('PYTHONPATH', '')}"
+
+
+def test_a_mysql_url_without_pymysql_names_the_extra(tmp_path: Path, cluster: Callable[..., Cluster]) -> None:
+    c = cluster("mariadb://root@127.0.0.1:3306/test")
+    without(c, tmp_path, "pymysql")
     message = 'mariadb:// URLs need the pymysql driver, which is not installed: pip install "treadle[mysql]"'
     refused(c.cli("dags", "list"), code=2, message=message)
+
+
+#: Every entry point that opens the database: one-shot commands and the long-running processes.
+ENTRY_POINTS = [("dags", "list"), ("db", "upgrade"), ("worker",), ("scheduler",), ("standalone",), ("api",)]
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres", "postgresql+psycopg"])
+def test_a_postgresql_url_without_psycopg_names_the_extra(
+    tmp_path: Path, cluster: Callable[..., Cluster], scheme: str
+) -> None:
+    c = cluster(f"{scheme}://postgres@127.0.0.1:5432/test")
+    without(c, tmp_path, "psycopg")
+    message = (
+        f'{scheme}:// URLs need the psycopg driver, which is not installed: pip install "treadle[postgres]"'
+    )
+    for args in ENTRY_POINTS:
+        refused(c.cli(*args), code=2, message=message)
+
+
+def test_sqlite_needs_neither_psycopg_nor_pymysql(tmp_path: Path, cluster: Callable[..., Cluster]) -> None:
+    c = cluster(f"sqlite:///{tmp_path / 'fresh.db'}")
+    for module in ("psycopg", "pymysql", "openlineage"):
+        without(c, tmp_path, module)
+    for args in (("db", "upgrade"), ("dags", "list")):
+        done = c.cli(*args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["scheduler", "standalone"])
+def test_lineage_without_the_openlineage_client_names_the_extra(
+    sqlite_url: str, tmp_path: Path, cluster: Callable[..., Cluster], command: str
+) -> None:
+    c = cluster(sqlite_url, TREADLE_OPENLINEAGE_FILE=str(tmp_path / "lineage.jsonl"))
+    without(c, tmp_path, "openlineage")
+    message = (
+        "TREADLE_OPENLINEAGE_URL or TREADLE_OPENLINEAGE_FILE is set, but the OpenLineage client is not "
+        "installed: pip install 'treadle[lineage]' (openlineage-python)"
+    )
+    refused(c.cli(command), code=2, message=message)
 
 
 @pytest.mark.parametrize("fixture", ["sqlite_url", pytest.param("pg_url", marks=pytest.mark.postgres)])

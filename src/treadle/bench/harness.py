@@ -20,8 +20,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from treadle.bench.figures import dist_ms, percentile, summary_ms
 
 __all__ = [
@@ -65,6 +63,8 @@ def pg_database(prefix: str, admin_url: str | None = None) -> Iterator[str]:
     `admin_url` (default TREADLE_BENCH_PG) names a database of the server whose user may create
     databases; the new one is named `{prefix}_{random}`.
     """
+    import psycopg
+
     admin = (admin_url or PG_ADMIN_URL).replace("postgresql+psycopg://", "postgresql://")
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -200,6 +200,8 @@ SERVER_SETTINGS = ("server_version", "autovacuum", "fsync", "synchronous_commit"
 def server_settings(url: str) -> dict[str, str]:
     """The PostgreSQL server's version and the settings that move the figures (autovacuum off,
     for one, leaves the index entries of claimed rows for every later claim to step over)."""
+    import psycopg
+
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     found = {}
     try:
@@ -274,6 +276,8 @@ def cpu_seconds(roots: list[int]) -> float:
 
 def pg_backend_pids(url: str) -> list[int]:
     """Server process ids of every other session on the benchmark's database."""
+    import psycopg
+
     with psycopg.connect(url) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"

@@ -29,6 +29,7 @@ from treadle.bench.schedules import SchedulesOptions, measure_schedules
 from treadle.bench.treadle_side import TreadleSide
 from treadle.bench.workloads import Workload, workloads
 from treadle.domain.urls import parse_database_url
+from treadle.store.database import normalise_url
 
 __all__ = ["BenchOptions", "Choice", "run_bench", "selected"]
 
@@ -144,12 +145,14 @@ def describe(exc: BaseException) -> str:
 
 
 def check_database(database: str) -> None:
-    """ValueError unless `database` is "sqlite" or a PostgreSQL URL."""
+    """ValueError unless `database` is "sqlite" or a PostgreSQL URL; ConfigError naming the
+    extra when psycopg is not installed."""
     if database == "sqlite":
         return
     scheme = parse_database_url(database).scheme
     if not scheme.startswith("postgresql"):
         raise ValueError(f"treadle bench measures PostgreSQL or SQLite, not {scheme}")
+    normalise_url(database)
 
 
 def _run_workloads(

@@ -18,7 +18,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 
 from treadle.bench.db import BenchDb, ready_to_started
@@ -251,6 +250,8 @@ def _reader(url: str, sqlite_path: str | None) -> Iterator[Callable[[str, str], 
         finally:
             conn.close()
         return
+    import psycopg
+
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(dsn, autocommit=True) as pg:
 

@@ -56,11 +56,12 @@ class Context:
         TREADLE_HOME and the SQLite file are created private (0700, 0600) whatever the umask:
         they hold run params and results.
         """
-        from treadle.store import migrate
         from treadle.store.sqlite_file import create_private_sqlite_file
 
         create_private_dir(self.settings.home)
         db = self.open_db(application_name, pool_size=10)
+        from treadle.store import migrate  # after open_db: a URL it refuses needs no Alembic
+
         create_private_sqlite_file(db)
         migrate.upgrade(db)
         return db

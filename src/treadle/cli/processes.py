@@ -17,7 +17,7 @@ from treadle.errors import ConfigError, InvalidRequest
 from treadle.observability.hooks import NO_HOOKS
 from treadle.observability.logging import configure_logging
 from treadle.scheduler.loop import Scheduler
-from treadle.store.database import Database
+from treadle.store.database import Database, normalise_url
 from treadle.worker.child_process import prestart
 from treadle.worker.worker import Worker
 
@@ -103,6 +103,8 @@ def worker_cmd(
 ) -> None:
     """Claim and run task attempts. SIGTERM drains (a second signal stops at once)."""
     settings = ctx.settings
+    # A URL that cannot be opened (a missing driver, say) is refused before the fork server starts.
+    normalise_url(settings.database_url)
     # The task processes' fork server starts while the worker sets itself up (Worker.start).
     prestart(settings.dags_folder, settings.max_result_bytes, settings.dag_import_timeout_s)
     fields = configure_logging(log_level, log_format=ctx.settings.log_format)

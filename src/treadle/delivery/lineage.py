@@ -6,6 +6,9 @@ TREADLE_OPENLINEAGE_FILE. Datasets are named in the configured namespace.
 
 Delivery is at least once (the outbox's): receivers may see an event twice, with the same run id
 and event time.
+
+openlineage-python comes with the `lineage` extra; without it the sink refuses to start with a
+ConfigError naming the extra.
 """
 
 from __future__ import annotations
@@ -13,25 +16,40 @@ from __future__ import annotations
 import threading
 from importlib.metadata import version as _version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
-from openlineage.client.facet_v2 import parent_run
-from openlineage.client.serde import Serde
 
 from treadle.domain.outbox import OutboxEntry, OutboxKind
 from treadle.engine.lineage import SINK
+from treadle.errors import ConfigError
 
-__all__ = ["PRODUCER", "SINK", "OpenLineageSink", "to_run_event"]
+if TYPE_CHECKING:
+    from openlineage.client.event_v2 import RunEvent
+
+__all__ = ["PRODUCER", "SINK", "OpenLineageSink", "require_client", "to_run_event"]
 
 #: The `producer` of every event: the software that made it, with its version (a URN: a URI that
 #: names treadle without pointing at a host).
 PRODUCER = f"urn:treadle:{_version('treadle')}"
 
 
+def require_client() -> None:
+    """ConfigError naming the extra when openlineage-python is not installed."""
+    try:
+        import openlineage.client  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "TREADLE_OPENLINEAGE_URL or TREADLE_OPENLINEAGE_FILE is set, but the OpenLineage client "
+            "is not installed: pip install 'treadle[lineage]' (openlineage-python)"
+        ) from None
+
+
 def to_run_event(payload: dict[str, Any]) -> RunEvent:  # Any: the stored JSON
     """The client's event of one stored lineage payload (domain/lineage.py)."""
+    from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
+    from openlineage.client.facet_v2 import parent_run
+
     namespace = payload["namespace"]
     facets: dict[str, Any] = {}
     parent = payload.get("parent")
@@ -57,6 +75,7 @@ class OpenLineageSink:
     def __init__(self, *, url: str | None, file: Path | None, ack_s: float) -> None:
         if (url is None) == (file is None):
             raise ValueError("OpenLineageSink needs exactly one of url and file")
+        require_client()
         self.url, self.file = url, file
         self.client = httpx.Client(timeout=ack_s) if url is not None else None
         self.lock = threading.Lock()
@@ -65,6 +84,8 @@ class OpenLineageSink:
         """Send one event; None when it was taken, else what went wrong."""
         if entry.kind != OutboxKind.LINEAGE.value:
             return f"the OpenLineage sink takes {OutboxKind.LINEAGE.value} entries, not {entry.kind}"
+        from openlineage.client.serde import Serde
+
         try:
             body = Serde.to_json(to_run_event(entry.payload))
         except (KeyError, TypeError, ValueError) as exc:

@@ -27,7 +27,9 @@ class Backend:
 
 
 SQLITE = Backend(dialect="sqlite", driver_scheme="sqlite")
-POSTGRESQL = Backend(dialect="postgresql", driver_scheme="postgresql+psycopg")
+POSTGRESQL = Backend(
+    dialect="postgresql", driver_scheme="postgresql+psycopg", driver_module="psycopg", extra="postgres"
+)
 MYSQL = Backend(dialect="mysql", driver_scheme="mysql+pymysql", driver_module="pymysql", extra="mysql")
 
 #: Every scheme accepted, matched exactly (never by prefix).

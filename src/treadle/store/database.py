@@ -49,11 +49,12 @@ _TRANSIENT_MYSQL_ERRORS = {1205, 1213, 2003, 2006, 2013, 1927, 4031}
 
 
 def normalise_url(url: str) -> str:
-    """Map an accepted URL to the bundled driver: PostgreSQL to psycopg 3, MySQL/MariaDB to PyMySQL.
+    """Map an accepted URL to its driver: PostgreSQL to psycopg 3, MySQL/MariaDB to PyMySQL.
 
-    Schemes are matched exactly (domain/urls.py lists them); anything else, or a MySQL/MariaDB
-    URL without PyMySQL installed, is a ConfigError. MariaDB URLs use SQLAlchemy's `mysql`
-    dialect name, so one name covers both servers.
+    Schemes are matched exactly (domain/urls.py lists them); anything else, or a URL whose
+    driver is not installed (psycopg comes with the `postgres` extra, PyMySQL with `mysql`), is
+    a ConfigError. MariaDB URLs use SQLAlchemy's `mysql` dialect name, so one name covers both
+    servers.
     """
     parsed = parse_database_url(url)
     _require_driver(parsed)

@@ -8,8 +8,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from treadle.errors import TreadleError
-from treadle.store.database import Database, normalise_url
+from treadle.domain.urls import parse_database_url
+from treadle.errors import ConfigError
+from treadle.store.database import Database
 
 
 def first_value(
@@ -18,12 +19,13 @@ def first_value(
     """The first column of the first row `query` returns on the database at `url` (None: no row).
 
     Bound parameters only (`:name` in the query): no value is ever formatted into the SQL. On the
-    databases treadle runs on, the statement is bounded by `timeout_s` as treadle's own are; any
-    other SQLAlchemy URL is used as it is.
+    databases treadle runs on, the statement is bounded by `timeout_s` as treadle's own are (a
+    ConfigError naming the extra when their driver is not installed); any other SQLAlchemy URL
+    is used as it is.
     """
     try:
-        normalise_url(url)
-    except TreadleError:
+        parse_database_url(url)
+    except ConfigError:
         engine = sa.create_engine(url, poolclass=NullPool)
         try:
             with engine.connect() as conn:

@@ -1,5 +1,7 @@
 """Listen for wake-ups: LISTEN on PostgreSQL, datagram sockets beside a SQLite file
-(store/wakeups.py). A latency hint only: callers always poll too."""
+(store/wakeups.py). A latency hint only: callers always poll too.
+
+psycopg is imported only for a PostgreSQL URL: a SQLite-only install has none."""
 
 from __future__ import annotations
 
@@ -7,8 +9,6 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
-
-import psycopg
 
 from treadle.store import wakeups
 
@@ -33,6 +33,8 @@ def listen(url: str, *, handlers: Mapping[str, Callable[[], None]], stop: thread
         if folder is not None:
             wakeups.listen(folder, handlers=handlers, stop=stop)
         return
+    import psycopg
+
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     failures = 0
     while not stop.is_set():
