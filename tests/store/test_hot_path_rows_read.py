@@ -150,3 +150,46 @@ def test_recording_successes_reads_them_not_every_running_row(pg: Database) -> N
         ).scalar_one()
     assert done == 10
     assert read < READ_BOUND, f"recording 10 successes read {read} rows beside {CROWD} running"
+
+
+def test_a_claim_planned_while_the_table_was_small_does_not_scan_it_once_it_grew(pg: Database) -> None:
+    """The worker's connections prefer index scans: the claim's generic plan, made while the
+    table held a few rows, must not go on scanning the whole table once a large run is in."""
+    pg.prefer_index_scans()
+    with pg.begin() as conn:
+        _fill(conn, TaskState.QUEUED, PASSES)
+    for _ in range(PASSES):  # past the prepare threshold, on a table of a few rows
+        with pg.begin() as conn:
+            assert (
+                len(
+                    ti_store.claim(
+                        conn,
+                        worker_id="w",
+                        hostname="h",
+                        queues=["default"],
+                        limit=1,
+                        start=1,
+                        now=None,
+                        lease_s=60,
+                    )
+                )
+                == 1
+            )
+    with pg.begin() as conn:
+        ti_store.insert_task_instances(
+            conn,
+            [
+                {"run_id": "big", "dag_id": "d", "task_id": f"b{i}", "state": "queued", "upstream_total": 0}
+                for i in range(CROWD)
+            ],
+        )
+    reads = []
+    for _ in range(3):
+        with pg.begin() as conn:
+            before = _rows_read(conn)
+            claimed = ti_store.claim(
+                conn, worker_id="w", hostname="h", queues=["default"], limit=10, start=2, now=None, lease_s=60
+            )
+            reads.append(_rows_read(conn) - before)
+        assert len(claimed) == 10
+    assert max(reads) < READ_BOUND, f"claims of 10 read {reads} rows of {CROWD} queued"

@@ -171,6 +171,7 @@ class Database:
         #: The deployment's alert rules, deduplication window and UI address (the process sets
         #: them from TREADLE_ALERT_RULES, _DEDUP_SECONDS and TREADLE_UI_BASE_URL).
         self.alerting = Alerting()
+        self._index_scans = False
 
     @property
     def is_sqlite(self) -> bool:
@@ -304,6 +305,24 @@ class Database:
 
     def dispose(self) -> None:
         """Close every pooled connection."""
+        self.engine.dispose()
+
+    def prefer_index_scans(self) -> None:
+        """Have this process's connections plan with an index wherever one serves (from the next
+        connection on; pooled ones are closed). For the worker's hot path: its statements are
+        prepared once, and a generic plan made while `task_instances` was small (no statistics,
+        or a table never analysed) would keep scanning the whole table however large it grows."""
+        setup = dialects.hot_path_session_setup(self.dialect)
+        if setup is None or self._index_scans:
+            return
+        self._index_scans = True
+
+        @event.listens_for(self.engine, "connect")
+        def on_connect(dbapi_conn: Any, _record: Any) -> None:
+            with dbapi_conn.cursor() as cur:
+                cur.execute(setup)
+            dbapi_conn.commit()
+
         self.engine.dispose()
 
 

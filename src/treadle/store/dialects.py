@@ -182,6 +182,14 @@ def unindexed(conn: Connection, column: Any) -> Any:
     return column
 
 
+def hot_path_session_setup(dialect_name: str) -> str | None:
+    """The session setting a worker's connections take (`Database.prefer_index_scans`): on
+    PostgreSQL, sequential scans only where no index serves a statement."""
+    if dialect_name == "postgresql":
+        return "SET enable_seqscan = off"
+    return None
+
+
 #: `unindexed` in the PostgreSQL-only statements written as SQL text (store/successes.py).
 UNINDEXED_STATE = "(t.state || '')"
 

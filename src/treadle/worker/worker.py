@@ -125,6 +125,9 @@ class Worker:
             pool_size=1,
             statement_timeout_s=max((settings.lease_s - settings.heartbeat_s) / 2, 0.5),
         )
+        # Both plan with indexes: the hot statements are prepared once (see prefer_index_scans).
+        db.prefer_index_scans()
+        self.heartbeat_db.prefer_index_scans()
         # It records self-fenced attempts too, which may dead-letter: their alerts need the sinks.
         self.heartbeat_db.outbox_sinks = db.outbox_sinks
         self.heartbeat_db.alerting = db.alerting
