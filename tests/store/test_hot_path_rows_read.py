@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from treadle.domain.records import AttemptRow
 from treadle.domain.states import TaskState
 from treadle.store import successes
 from treadle.store import task_instances as ti_store
@@ -68,6 +69,24 @@ def _rows_read(conn: Connection) -> int:
     return int(row[0])
 
 
+def _claimed_beside_running(pg: Database, *, start: int) -> list[AttemptRow]:
+    """Ten attempts claimed by worker "w" (the first `start` started) beside CROWD running ones
+    of another worker."""
+    with pg.begin() as conn:
+        _fill(conn, TaskState.RUNNING, CROWD, worker="others")
+        ti_store.insert_task_instances(
+            conn,
+            [
+                {"run_id": "mine", "dag_id": "d", "task_id": f"m{i}", "state": "queued", "upstream_total": 0}
+                for i in range(10)
+            ],
+        )
+    with pg.begin() as conn:
+        return ti_store.claim(
+            conn, worker_id="w", hostname="h", queues=["default"], limit=10, start=start, now=None, lease_s=60
+        )
+
+
 def test_a_claim_reads_its_rows_not_the_queue(pg: Database) -> None:
     with pg.begin() as conn:
         _fill(conn, TaskState.QUEUED, CROWD)
@@ -86,19 +105,7 @@ def test_a_claim_reads_its_rows_not_the_queue(pg: Database) -> None:
 
 
 def test_starting_buffered_attempts_reads_them_not_every_running_row(pg: Database) -> None:
-    with pg.begin() as conn:
-        _fill(conn, TaskState.RUNNING, CROWD, worker="others")
-        ti_store.insert_task_instances(
-            conn,
-            [
-                {"run_id": "mine", "dag_id": "d", "task_id": f"m{i}", "state": "queued", "upstream_total": 0}
-                for i in range(10)
-            ],
-        )
-    with pg.begin() as conn:
-        claimed = ti_store.claim(
-            conn, worker_id="w", hostname="h", queues=["default"], limit=10, start=0, now=None, lease_s=60
-        )
+    claimed = _claimed_beside_running(pg, start=0)
     assert len(claimed) == 10 and all(r.started_at is None for r in claimed)
     with pg.begin() as conn:
         before = _rows_read(conn)
@@ -111,19 +118,7 @@ def test_starting_buffered_attempts_reads_them_not_every_running_row(pg: Databas
 
 
 def test_recording_successes_reads_them_not_every_running_row(pg: Database) -> None:
-    with pg.begin() as conn:
-        _fill(conn, TaskState.RUNNING, CROWD, worker="others")
-        ti_store.insert_task_instances(
-            conn,
-            [
-                {"run_id": "mine", "dag_id": "d", "task_id": f"m{i}", "state": "queued", "upstream_total": 0}
-                for i in range(10)
-            ],
-        )
-    with pg.begin() as conn:
-        claimed = ti_store.claim(
-            conn, worker_id="w", hostname="h", queues=["default"], limit=10, start=10, now=None, lease_s=60
-        )
+    claimed = _claimed_beside_running(pg, start=10)
     rows = [
         successes.SuccessRow(
             task_instance_id=r.id,
