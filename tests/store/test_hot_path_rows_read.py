@@ -69,6 +69,20 @@ def _rows_read(conn: Connection) -> int:
     return int(row[0])
 
 
+def _claims_of_ten(pg: Database, times: int) -> list[int]:
+    """Claim ten queued instances `times` times, each in its own transaction; the rows each read."""
+    reads = []
+    for _ in range(times):
+        with pg.begin() as conn:
+            before = _rows_read(conn)
+            claimed = ti_store.claim(
+                conn, worker_id="w", hostname="h", queues=["default"], limit=10, start=2, now=None, lease_s=60
+            )
+            reads.append(_rows_read(conn) - before)
+        assert len(claimed) == 10
+    return reads
+
+
 def _claimed_beside_running(pg: Database, *, start: int) -> list[AttemptRow]:
     """Ten attempts claimed by worker "w" (the first `start` started) beside CROWD running ones
     of another worker."""
@@ -90,17 +104,9 @@ def _claimed_beside_running(pg: Database, *, start: int) -> list[AttemptRow]:
 def test_a_claim_reads_its_rows_not_the_queue(pg: Database) -> None:
     with pg.begin() as conn:
         _fill(conn, TaskState.QUEUED, CROWD)
-    reads = []
     # Past the driver's prepare threshold too: a prepared statement's generic plan is chosen
     # without the bound values and must not scan the queue either.
-    for _ in range(PASSES):
-        with pg.begin() as conn:
-            before = _rows_read(conn)
-            claimed = ti_store.claim(
-                conn, worker_id="w", hostname="h", queues=["default"], limit=10, start=2, now=None, lease_s=60
-            )
-            reads.append(_rows_read(conn) - before)
-        assert len(claimed) == 10
+    reads = _claims_of_ten(pg, PASSES)
     assert max(reads) < READ_BOUND, f"claims of 10 read {reads} rows of {CROWD} queued"
 
 
@@ -178,13 +184,5 @@ def test_a_claim_planned_while_the_table_was_small_does_not_scan_it_once_it_grew
                 for i in range(CROWD)
             ],
         )
-    reads = []
-    for _ in range(3):
-        with pg.begin() as conn:
-            before = _rows_read(conn)
-            claimed = ti_store.claim(
-                conn, worker_id="w", hostname="h", queues=["default"], limit=10, start=2, now=None, lease_s=60
-            )
-            reads.append(_rows_read(conn) - before)
-        assert len(claimed) == 10
+    reads = _claims_of_ten(pg, 3)
     assert max(reads) < READ_BOUND, f"claims of 10 read {reads} rows of {CROWD} queued"
