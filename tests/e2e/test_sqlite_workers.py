@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.e2e.conftest import Cluster
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -47,6 +48,9 @@ def test_three_workers_share_one_sqlite_file(sqlite_url: str, cluster: Callable[
     c.start("scheduler", "scheduler")
     for name in ("w1", "w2", "w3"):
         c.worker(name, concurrency=2)
+    # Every worker is up before the trigger: otherwise the first one can finish the run alone.
+    for name in ("w1", "w2", "w3"):
+        wait_for(lambda n=name: '"worker.started"' in c.log(n), timeout=90, message=f"{name} to start")
     run_id = c.trigger("sqlite_many")
 
     detail = c.wait_run(run_id, timeout=120)
