@@ -105,8 +105,10 @@ def test_a_hung_database_call_never_lets_two_attempts_run_at_once(
     c.worker("w2")  # after attempt 1 started, so that w1 holds it
 
     frozen_path.frozen.set()  # every call of w1 (heartbeat included) now hangs, unanswered
-    # A few ticks of attempt 2, so that a surviving attempt 1 would have ticked meanwhile.
-    wait_for(lambda: len(_ticks(ticks).get(2, [])) >= 5, timeout=60, message="attempt 2 to run on w2")
+    # A few ticks of attempt 2, so that a surviving attempt 1 would have ticked meanwhile. If
+    # the freeze caught w1 inside a transaction, the server keeps its row locked, and the reaper
+    # waits, until it ends the idle transaction (IDLE_IN_TRANSACTION_S, 60 s).
+    wait_for(lambda: len(_ticks(ticks).get(2, [])) >= 5, timeout=180, message="attempt 2 to run on w2")
 
     seen = _ticks(ticks)
     assert max(seen[1]) < min(seen[2]), "attempt 1 still ran after attempt 2 had started"

@@ -53,11 +53,20 @@ class FreezableProxy:
                     src: socket.socket = key.fileobj  # type: ignore[assignment]
                     try:
                         data = src.recv(65536)
-                        if not data:
-                            return
-                        peer[src].sendall(data)
+                        if data:
+                            peer[src].sendall(data)
+                            continue
                     except OSError:
-                        return
+                        pass
+                    # One side closed (a client that gave up on a call, say): close the other,
+                    # as TCP would once the path carries bytes again. Left open, the server
+                    # would keep that session, and its transaction's row locks, alive.
+                    for s in (a, b):
+                        try:
+                            s.close()
+                        except OSError:
+                            pass
+                    return
 
     def close(self) -> None:
         """Stop forwarding and close every socket."""

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from treadle.errors import ConfigError
-from treadle.store.database import Database, is_transient, normalise_url
+from treadle.store.database import IDLE_IN_TRANSACTION_S, Database, is_transient, normalise_url
 
 
 @pytest.mark.parametrize(
@@ -75,3 +75,27 @@ def test_mysql_sessions_are_utc_strict_and_read_committed(mysql_url: str) -> Non
     db.dispose()
     assert (zone, isolation) == ("+00:00", "READ COMMITTED")
     assert "STRICT_TRANS_TABLES" in mode.split(",")
+
+
+@pytest.mark.parametrize(
+    ("fixture", "query", "per_second"),
+    [
+        pytest.param(
+            "pg_url",
+            "SELECT setting FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'",
+            1000,  # milliseconds
+            marks=pytest.mark.postgres,
+        ),
+        pytest.param("mysql_url", "SELECT @@idle_transaction_timeout", 1, marks=pytest.mark.mysql),
+    ],
+)
+def test_the_server_ends_a_transaction_its_client_left_idle(
+    request: pytest.FixtureRequest, fixture: str, query: str, per_second: int
+) -> None:
+    """A client cut off mid-transaction must not hold its row locks for hours (F13): a lost
+    attempt's row stays locked, and no reaper could end the attempt, until the server ends it."""
+    db = Database(request.getfixturevalue(fixture))
+    with db.read() as conn:
+        value = int(conn.exec_driver_sql(query).scalar_one())
+    db.dispose()
+    assert value == IDLE_IN_TRANSACTION_S * per_second

@@ -582,6 +582,7 @@ def fail_attempt(
     lost_by: str | None = None,
     report_late: bool = True,
     forget_poll_state: bool = False,
+    skip_locked: bool = False,
 ) -> Ending:
     """Record an unsuccessful attempt and apply the retry policy (retry_wait or dead_letter).
 
@@ -593,6 +594,10 @@ def fail_attempt(
     its downstream upstream_failed and tries to close the run, in the same transaction. A
     worker's report that comes too late is noted on the attempt unless `report_late` is False.
     `forget_poll_state`: the submitted job of a submit-then-poll task ended; a retry submits anew.
+    `skip_locked` (the reaper's passes): a row another session holds is left, not waited for,
+    and nothing is applied; the next pass reads the evidence again. A worker cut off inside a
+    transaction keeps its rows locked until the server ends that transaction, and a pass that
+    waited would stall every other row behind it.
     """
     rand = random.random()
     guard = _FailureGuard(
@@ -600,6 +605,8 @@ def fail_attempt(
     )
 
     def work(conn: Connection) -> Ending:
+        if skip_locked and not ti_store.lock_unless_held(conn, task.task_instance_id):
+            return Ending(applied=False)
         now = db_now(conn)
         version = version_of(db, conn, task.dag_version_id)
         plan = plan_failure(

@@ -74,6 +74,7 @@ def reap_expired_leases(db: Database, *, limit: int = 200, evidence_within_s: fl
         ending = fail_attempt(
             db,
             task,
+            skip_locked=True,
             outcome=AttemptOutcome.TIMED_OUT if timed_out else AttemptOutcome.LOST,
             error=AttemptError(
                 error_type="TaskTimeout" if timed_out else "LeaseExpired",
@@ -148,6 +149,7 @@ def expire_dispatch_deadlines(db: Database, *, worker_stale_s: float, limit: int
         ending = fail_attempt(
             db,
             task,
+            skip_locked=True,
             outcome=AttemptOutcome.DISPATCH_TIMEOUT,
             error=error,
             worker_id=None,
@@ -189,6 +191,7 @@ def enforce_execution_deadlines(db: Database, *, grace_s: float, limit: int = 20
         ending = fail_attempt(
             db,
             task,
+            skip_locked=True,
             outcome=AttemptOutcome.TIMED_OUT,
             error=error,
             worker_id=None,

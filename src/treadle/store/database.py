@@ -378,6 +378,12 @@ def _create_engine(url: str, application_name: str, pool_size: int, statement_ti
     )
 
 
+#: Seconds a session may idle inside a transaction before the server ends it and releases its
+#: locks. None of ours pauses between statements (F13): only a client cut off mid-transaction
+#: (a partition, a hung host) ever reaches it.
+IDLE_IN_TRANSACTION_S = 60
+
+
 def postgres_connect_args(application_name: str, statement_timeout_s: float) -> dict[str, Any]:
     """libpq settings: bounded statements and lock waits, and a dead peer noticed in seconds.
 
@@ -390,7 +396,8 @@ def postgres_connect_args(application_name: str, statement_timeout_s: float) -> 
         "application_name": application_name,
         # Keep our own transactions short (F13): nothing of ours idles inside one.
         "options": (
-            f"-c idle_in_transaction_session_timeout=60000 -c statement_timeout={ms} -c lock_timeout={ms}"
+            f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S * 1000} "
+            f"-c statement_timeout={ms} -c lock_timeout={ms}"
         ),
         "connect_timeout": _CONNECT_TIMEOUT_S,
         "keepalives": 1,
@@ -403,9 +410,13 @@ def postgres_connect_args(application_name: str, statement_timeout_s: float) -> 
 
 #: Session settings for MySQL/MariaDB. UTC time zone: NOW() and TIMESTAMP values then agree
 #: with UTC_TIMESTAMP(). Strict mode even where the server runs without it: a value too long
-#: for its column is an error, never silently cut.
+#: for its column is an error, never silently cut. MariaDB (10.3+, the executable comment) ends
+#: a transaction left idle as PostgreSQL does: without it, a client cut off mid-transaction
+#: keeps its row locks until `wait_timeout` (eight hours by default), and a reaper waiting on
+#: the lost attempt's row could not end it meanwhile.
 _MYSQL_SESSION = (
     "SET time_zone = '+00:00', sql_mode = CONCAT_WS(',', NULLIF(@@sql_mode, ''), 'STRICT_TRANS_TABLES')"
+    f" /*M!100300 , idle_transaction_timeout = {IDLE_IN_TRANSACTION_S} */"
 )
 
 

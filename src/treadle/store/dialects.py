@@ -230,10 +230,13 @@ def limited_keys(conn: Connection, select: sa.Select[Any]) -> Any:
 
     A subquery on other dialects. MySQL/MariaDB refuse both LIMIT inside IN (...) and a
     subquery on the table being updated, so the keys are read first, locked as the UPDATE
-    would lock them, and passed as a list (the UPDATE keeps its own guard).
+    would lock them, and passed as a list (the UPDATE keeps its own guard). Rows another
+    session holds are skipped, not waited for: InnoDB's locking read waits on every row it
+    scans, matching or not, so one row locked by a client cut off mid-transaction would stall
+    the whole pass until the server ends that transaction. A skipped row is taken next pass.
     """
     if conn.dialect.name == "mysql":
-        return list(conn.execute(select.with_for_update()).scalars())
+        return list(conn.execute(select.with_for_update(skip_locked=True)).scalars())
     return select.scalar_subquery()
 
 

@@ -814,6 +814,12 @@ def promote_due_retries(conn: Connection, *, now: datetime, limit: int = 1000) -
     return int(result.rowcount)
 
 
+def lock_unless_held(conn: Connection, task_instance_id: int) -> bool:
+    """Lock a task instance's row for this transaction; False, at once, if another holds it."""
+    stmt = dialects.lock_for_claim(sa.select(ti.c.id).where(ti.c.id == task_instance_id), conn)
+    return conn.execute(stmt).first() is not None
+
+
 def expired_leases(conn: Connection, *, now: datetime, limit: int) -> list[AttemptRow]:
     """Return running task instances whose lease has expired (the reaper's evidence)."""
     stmt = (
