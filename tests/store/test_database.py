@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from treadle.errors import ConfigError
+from treadle.store import dialects
 from treadle.store.database import IDLE_IN_TRANSACTION_S, Database, is_transient, normalise_url
 
 
@@ -99,3 +100,19 @@ def test_the_server_ends_a_transaction_its_client_left_idle(
         value = int(conn.exec_driver_sql(query).scalar_one())
     db.dispose()
     assert value == IDLE_IN_TRANSACTION_S * per_second
+
+
+@pytest.mark.postgres
+def test_planning_each_statement_holds_for_one_transaction_only(pg_url: str) -> None:
+    """A batch transaction (`dags sync`) plans each statement for its parameters; the pooled
+    connection then serves the hot path with PostgreSQL's cached plans again."""
+    db = Database(pg_url, pool_size=1)
+    try:
+        with db.begin() as conn:
+            dialects.plan_each_statement(conn)
+            inside = conn.exec_driver_sql("SHOW plan_cache_mode").scalar_one()
+        with db.read() as conn:
+            after = conn.exec_driver_sql("SHOW plan_cache_mode").scalar_one()
+    finally:
+        db.dispose()
+    assert (inside, after) == ("force_custom_plan", "auto")

@@ -12,7 +12,7 @@ from treadle.domain.dag_version import DagStructure
 from treadle.domain.dataset_access import decide_outlets, describe_refusal
 from treadle.engine.schedules import register_schedules
 from treadle.store import dags as dag_store
-from treadle.store import dataset_teams
+from treadle.store import dataset_teams, dialects
 from treadle.store.database import Database, db_now
 
 log = logging.getLogger("treadle.engine")
@@ -50,6 +50,7 @@ def sync_dags(
     """
 
     def work(conn: Connection) -> tuple[dict[str, int], list[tuple[str, str]], int]:
+        dialects.plan_each_statement(conn)  # batches of 500 keys, read and written many times
         now = db_now(conn)
         found = dict(errors)  # built afresh on every attempt: a retried transaction adds nothing twice
         accepted = _check_outlets(conn, structures, found, now=now)
