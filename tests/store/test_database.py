@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
+from datetime import timedelta
 
 import pymysql
 import pytest
 import sqlalchemy as sa
 
+from treadle import dag, task
 from treadle.errors import ConfigError
 from treadle.store import dialects
+from treadle.store import runs as run_store
 from treadle.store.database import IDLE_IN_TRANSACTION_S, Database, is_transient, normalise_url
+from treadle.testing import DagRunner
+
+
+@task
+def noop() -> None:
+    return None
+
+
+@dag(dag_id="tiny")
+def tiny() -> None:
+    noop()
 
 
 @pytest.mark.parametrize(
@@ -116,3 +131,33 @@ def test_planning_each_statement_holds_for_one_transaction_only(pg_url: str) -> 
     finally:
         db.dispose()
     assert (inside, after) == ("force_custom_plan", "auto")
+
+
+def test_a_conflicting_batch_insert_is_a_conflict_the_transaction_retries(db_url: str) -> None:
+    """The pipelined batch insert (store/dialects.py insert_many) fails as SQLAlchemy's own
+    statements fail: two manual triggers in one clock tick then retry instead of answering 500."""
+    runner = DagRunner(tiny, database_url=db_url)
+    try:
+        run_id = runner.trigger()
+        run = runner.db.query(lambda conn: run_store.get_run(conn, run_id))
+        assert run is not None
+        calls: list[int] = []
+
+        def insert(conn: sa.Connection) -> str:
+            calls.append(1)
+            again = (
+                run
+                if len(calls) == 1
+                else replace(
+                    run, run_id=f"{run.run_id}-2", logical_date=run.logical_date + timedelta(microseconds=1)
+                )
+            )
+            run_store.insert_run(conn, again)  # the first time: the same keys as the stored run
+            return again.run_id
+
+        assert runner.db.transact(insert, retry_conflicts=True) == f"{run.run_id}-2"
+        assert len(calls) == 2
+        with pytest.raises(sa.exc.IntegrityError):
+            runner.db.transact(lambda conn: run_store.insert_run(conn, run))
+    finally:
+        runner.close()

@@ -378,5 +378,11 @@ def insert_many(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]
     ]
     driver = conn.connection.driver_connection
     assert driver is not None
-    with driver.cursor() as cursor:
-        cursor.executemany(sql, params)
+    error = conn.dialect.loaded_dbapi.Error
+    try:
+        with driver.cursor() as cursor:
+            cursor.executemany(sql, params)
+    except error as exc:
+        # Raised as SQLAlchemy's own calls raise it (IntegrityError, OperationalError, ...), so
+        # that `Database.transact` recognises a conflict to retry or a lost connection.
+        raise sa.exc.DBAPIError.instance(sql, params, exc, error) from exc
