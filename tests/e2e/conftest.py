@@ -84,6 +84,14 @@ class Cluster:
         """Start a `treadle worker`."""
         return self.start(name, "worker", "--concurrency", str(concurrency))
 
+    def wait_started(self, name: str, *, after: int = 0, timeout: float = 90) -> None:
+        """Wait until worker `name` logged its start (`after`: the starts it had logged before)."""
+        wait_for(
+            lambda: self.log(name).count('"worker.started"') > after,
+            timeout=timeout,
+            message=f"{name} to start",
+        )
+
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run a short CLI command."""
         return run_cli(list(args), self.env)

@@ -58,11 +58,7 @@ def test_rolling_restart_loses_nothing(pg_url: str, cluster: Callable[..., Clust
         starts = c.log(name).count('"worker.started"')
         c.worker(name, concurrency=3)
         # Up (its signal handlers in place) before a later round may signal it.
-        wait_for(
-            lambda n=name, s=starts: c.log(n).count('"worker.started"') > s,
-            timeout=60,
-            message=f"worker {name} to start again",
-        )
+        c.wait_started(name, after=starts)
 
     detail = c.wait_run(run_id, timeout=120)
     assert detail.run.state == "success"

@@ -67,7 +67,7 @@ def _started_soon(c: Cluster, run_id: str) -> float:
 
 
 def _standalone_up(c: Cluster, name: str) -> None:
-    wait_for(lambda: '"worker.started"' in c.log(name), timeout=60, message=f"{name} to start")
+    c.wait_started(name)
 
 
 def _socket(c: Cluster, pid: int) -> Path:
@@ -99,7 +99,7 @@ def test_a_completion_in_one_worker_wakes_another(sqlite_url: str, cluster: Call
     c.start("first", "worker", "--concurrency", "1", "--poll-interval", POLL)
     second = c.start("second", "worker", "--queues", "second", "--poll-interval", POLL)
     for name in ("first", "second"):
-        wait_for(lambda n=name: '"worker.started"' in c.log(n), timeout=60, message=f"{name} to start")
+        c.wait_started(name)
     wait_for(lambda: _socket(c, second.pid).exists(), timeout=30, message="the second worker's socket")
 
     run_id = c.trigger("wake_two")

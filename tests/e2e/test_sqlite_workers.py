@@ -9,7 +9,6 @@ from collections.abc import Callable
 import pytest
 
 from tests.e2e.conftest import Cluster
-from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +49,7 @@ def test_three_workers_share_one_sqlite_file(sqlite_url: str, cluster: Callable[
         c.worker(name, concurrency=2)
     # Every worker is up before the trigger: otherwise the first one can finish the run alone.
     for name in ("w1", "w2", "w3"):
-        wait_for(lambda n=name: '"worker.started"' in c.log(n), timeout=90, message=f"{name} to start")
+        c.wait_started(name)
     run_id = c.trigger("sqlite_many")
 
     detail = c.wait_run(run_id, timeout=120)

@@ -413,7 +413,7 @@ def test_a_worker_whose_fork_server_was_killed_runs_its_next_tasks(
     c.start("scheduler", "scheduler")
     worker = c.worker("worker", concurrency=2)
     server = wait_for(lambda: _fork_server(worker.pid), timeout=60, message="the fork server")
-    wait_for(lambda: '"worker.started"' in c.log("worker"), timeout=60, message="the worker to start")
+    c.wait_started("worker")
     os.kill(server, signal.SIGKILL)
 
     detail = c.wait_run(c.trigger("after_server_death"), timeout=60)
