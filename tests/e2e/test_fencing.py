@@ -127,7 +127,7 @@ def test_worker_paused_past_its_lease_cannot_apply_its_attempt(
         t = next(t for t in c.detail(run_id).task_instances if t.task_id == "fenced")
         return t.state == "running" and t.attempt == 2 and "start 2" in _lines(events)
 
-    wait_for(second_attempt_running, timeout=20, message="attempt 2 to run on the other worker")
+    wait_for(second_attempt_running, timeout=60, message="attempt 2 to run on the other worker")
     detail = c.detail(run_id)
     assert [(a.attempt, a.outcome) for a in detail.attempts] == [(1, "lost")]
     ti = next(t for t in detail.task_instances if t.task_id == "fenced")
