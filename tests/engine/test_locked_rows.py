@@ -22,8 +22,6 @@ from treadle.store.database import Database
 from treadle.store.tables import task_instances
 from treadle.testing import DagRunner
 
-pytestmark = [pytest.mark.postgres, pytest.mark.mysql]
-
 
 @task(retries=3, retry_delay=0)
 def held() -> None:
@@ -41,7 +39,12 @@ def locked_rows() -> None:
     retrying()
 
 
-@pytest.fixture(params=["pg_url", "mysql_url"])
+@pytest.fixture(
+    params=[
+        pytest.param("pg_url", marks=pytest.mark.postgres, id="postgresql"),
+        pytest.param("mysql_url", marks=pytest.mark.mysql, id="mariadb"),
+    ]
+)
 def runner(request: pytest.FixtureRequest) -> Iterator[DagRunner]:
     r = DagRunner(locked_rows, database_url=request.getfixturevalue(request.param))
     yield r
