@@ -141,6 +141,26 @@ def mysql_url(mysql_template: str) -> Iterator[str]:
     _mysql_drop(name)
 
 
+#: Fixtures that need a server, and the marker a test asking for one carries.
+_SERVER_FIXTURES = {
+    "pg_template": "postgres",
+    "pg_url": "postgres",
+    "mysql_template": "mysql",
+    "mysql_url": "mysql",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark a test that uses a server's database even where its file forgot to, before `-m`
+    selects: `-m "not postgres and not mysql"` must run no test against a server."""
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            marker = _SERVER_FIXTURES.get(fixture)
+            if marker is not None and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
 _DIALECTS = [
     "sqlite",
     pytest.param("postgresql", marks=pytest.mark.postgres),

@@ -186,6 +186,7 @@ def test_watcher_ends_on_cancel_and_ctrl_c_only_stops_watching(
     assert c.cli_json("backfills", "show", "2")["status"]["backfill"]["state"] == "running"
 
 
+@pytest.mark.postgres
 def test_a_backfill_drains_through_the_scheduler_within_its_budget(
     pg_url: str, cluster: Callable[..., Cluster]
 ) -> None:

@@ -215,6 +215,7 @@ def test_an_inspection_resolved_as_requeue_is_held_back_when_the_bound_is_full(
     _finish(runner, run_id)
 
 
+@pytest.mark.postgres
 def test_concurrent_requeues_and_a_releasing_end_keep_the_bound(pg_url: str) -> None:
     """Two dead letters requeued at once while a sibling's end releases a held-back instance,
     each in its own thread and connection on PostgreSQL, many rounds: the bound holds in every

@@ -22,6 +22,8 @@ from treadle.store import task_instances as ti_store
 from treadle.store.database import Database
 from treadle.store.tables import task_instances as ti
 
+pytestmark = pytest.mark.postgres
+
 #: Rows in the state the statements must not scan.
 CROWD = 20_000
 #: Generous bound on rows one statement of ten rows may read (index and heap, with retries).
