@@ -28,7 +28,8 @@ class Receiver:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # shutdown() waits for the loop to look at its flag: every 0.05 s, not the default 0.5 s.
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
 
     def bodies(self) -> list[dict[str, Any]]:
