@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner, Result
 
 from tests.engine.dags_for_tests import four_steps
-from tests.helpers.processes import run_cli, treadle_env
+from treadle.cli.main import cli
 from treadle.engine.retention import prune
 from treadle.engine.workers import record_worker
 from treadle.errors import InvalidRequest
@@ -333,6 +334,13 @@ def test_scheduler_prunes_one_batch_on_its_first_pass_then_waits(
     assert scheduler.prune_step() is None
 
 
+def _prune(args: list[str], *, database_url: str, home: Path) -> Result:
+    """`treadle db prune ARGS` in this process: the CLI's parsing, output and exit codes, without
+    a process start per call (the e2e suite prunes through a real process)."""
+    env = {"TREADLE_DATABASE_URL": database_url, "TREADLE_HOME": str(home)}
+    return CliRunner().invoke(cli, ["db", "prune", *args], env=env)
+
+
 def test_cli_prune_dry_run_then_prune_then_bad_values(sqlite_url: str, tmp_path: Path) -> None:
     runner = DagRunner(four_steps, database_url=sqlite_url)
     try:
@@ -341,17 +349,17 @@ def test_cli_prune_dry_run_then_prune_then_bad_values(sqlite_url: str, tmp_path:
         expected = rows_of(runner.db, old)
     finally:
         runner.close()
-    env = treadle_env(database_url=sqlite_url, dags_folder=tmp_path / "dags", home=tmp_path / "home")
-    args = ["db", "prune", "--older-than", "1s", "--json"]
+    home = tmp_path / "home"
+    args = ["--older-than", "1s", "--json"]
 
-    dry = run_cli([*args, "--dry-run"], env)
-    assert dry.returncode == 0, dry.stderr
+    dry = _prune([*args, "--dry-run"], database_url=sqlite_url, home=home)
+    assert dry.exit_code == 0, dry.output
     dry_report = json.loads(dry.stdout)
     assert dry_report["dry_run"] is True
     assert {k: dry_report["rows"][k] for k in expected} == expected
 
-    done = run_cli(args, env)
-    assert done.returncode == 0, done.stderr
+    done = _prune(args, database_url=sqlite_url, home=home)
+    assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["rows"] == dry_report["rows"]
     check = Database(sqlite_url)
     try:
@@ -359,13 +367,13 @@ def test_cli_prune_dry_run_then_prune_then_bad_values(sqlite_url: str, tmp_path:
     finally:
         check.dispose()
 
-    table = run_cli(["db", "prune", "--older-than", "90d", "--dry-run"], env)
-    assert table.returncode == 0, table.stderr
+    table = _prune(["--older-than", "90d", "--dry-run"], database_url=sqlite_url, home=home)
+    assert table.exit_code == 0, table.output
     assert "Would delete (dry run)" in table.stdout and "dag_runs" in table.stdout
 
     for bad in ("90x", "0d", "-1d"):
-        failed = run_cli(["db", "prune", "--older-than", bad], env)
-        assert failed.returncode == 1, (bad, failed.stderr)
+        failed = _prune(["--older-than", bad], database_url=sqlite_url, home=home)
+        assert failed.exit_code == 1, (bad, failed.output)
         assert failed.stderr.startswith("error: invalid duration"), failed.stderr
         assert "90d" in failed.stderr or "greater than zero" in failed.stderr
 
@@ -382,9 +390,8 @@ def test_pruned_runs_lose_their_files_and_kept_runs_keep_them(sqlite_url: str, t
         runner.close()
     for run_id in (old, recent):
         Artifacts(run_id=run_id, task_id="t", home=home).put("a", b"1")
-    env = treadle_env(database_url=sqlite_url, dags_folder=tmp_path / "dags", home=home)
-    done = run_cli(["db", "prune", "--older-than", "30d", "--json"], env)
-    assert done.returncode == 0, done.stderr
+    done = _prune(["--older-than", "30d", "--json"], database_url=sqlite_url, home=home)
+    assert done.exit_code == 0, done.output
     assert not run_folder(home, old).exists()
     assert (run_folder(home, recent) / "artifacts" / "t" / "a").exists()
 
