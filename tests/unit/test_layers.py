@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import functools
+from collections import defaultdict
 from pathlib import Path
 
 import treadle
@@ -10,10 +12,15 @@ import treadle
 SRC = Path(treadle.__file__).parent
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A file parsed once for all the rules below (they only read the tree)."""
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -79,15 +86,20 @@ def test_public_api_is_frozen() -> None:
     ]
 
 
+@functools.cache
+def _call_lines(path: Path) -> dict[str, list[int]]:
+    """Function or method name -> lines where `path` calls it (one walk of the tree per file)."""
+    lines: defaultdict[str, list[int]] = defaultdict(list)
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Call):
+            for name in {getattr(node.func, "attr", None), getattr(node.func, "id", None)} - {None}:
+                lines[str(name)].append(node.lineno)
+    return dict(lines)
+
+
 def _calls(path: Path, name: str) -> list[int]:
     """Lines where `path` calls a function or method named `name`."""
-    tree = ast.parse(path.read_text())
-    return [
-        node.lineno
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and (getattr(node.func, "attr", None) == name or getattr(node.func, "id", None) == name)
-    ]
+    return _call_lines(path).get(name, [])
 
 
 def test_run_states_are_written_only_by_the_run_protocol() -> None:
