@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
+from treadle.cli.main import cli
 from treadle.errors import SchemaTooNew
 from treadle.store import migrate
 from treadle.store.database import Database
@@ -49,29 +51,23 @@ def test_sqlite_uses_wal(tmp_path: Path) -> None:
     db.dispose()
 
 
-def _cli(args: list[str], url: str) -> subprocess.CompletedProcess[str]:
-    env = {"TREADLE_DATABASE_URL": url, "PATH": "/usr/bin:/bin"}
-    return subprocess.run(
-        [sys.executable, "-m", "treadle.cli", *args],
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+def _cli(args: list[str], url: str, home: Path) -> Result:
+    """`treadle ARGS` in this process: the commands' output and exit codes, no process start."""
+    return CliRunner().invoke(cli, args, env={"TREADLE_DATABASE_URL": url, "TREADLE_HOME": str(home)})
 
 
 def test_db_check_and_upgrade_commands(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    before = _cli(["db", "check"], url)
-    assert before.returncode == 3
+    home = tmp_path / "home"
+    before = _cli(["db", "check"], url, home)
+    assert before.exit_code == 3
     assert "expects" in before.stderr
     assert not (tmp_path / "fresh.db").exists()  # checking never creates a database
 
-    upgraded = _cli(["db", "upgrade"], url)
-    assert upgraded.returncode == 0, upgraded.stderr
-    after = _cli(["db", "check"], url)
-    assert after.returncode == 0, after.stderr
+    upgraded = _cli(["db", "upgrade"], url, home)
+    assert upgraded.exit_code == 0, upgraded.output
+    after = _cli(["db", "check"], url, home)
+    assert after.exit_code == 0, after.output
     assert "no drift" in after.stdout
 
 
@@ -133,7 +129,7 @@ def test_a_database_recording_two_revisions_is_refused(db: Database) -> None:
 
 def test_reading_runs_imports_no_alembic(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    assert _cli(["db", "upgrade"], url).returncode == 0
+    assert _cli(["db", "upgrade"], url, tmp_path / "home").exit_code == 0
     probe = (
         "import sys\n"
         "from treadle.cli.main import main\n"
