@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -192,6 +193,62 @@ def test_a_claim_commits_with_the_change_and_a_second_claim_cannot(api: Api) -> 
         api.db, request, make=lambda: "third", answer=lambda r: (201, {"made": r})
     )
     assert replay.replayed
+
+
+@dataclass(frozen=True)
+class _Made:
+    n: int
+
+
+class _CutOff(BaseException):
+    """The request's process ends here (nothing after this line of the request runs)."""
+
+
+def _made(result: _Made) -> tuple[int, Any]:
+    return 201, {"made": result.n}
+
+
+def _request(key: str) -> Any:
+    return idempotent_request(
+        key=key,
+        identity="token:1:x",
+        route="/x",
+        method="POST",
+        path="/x",
+        body={},
+        retention=timedelta(hours=1),
+    )
+
+
+def test_the_answer_commits_with_the_change_so_a_request_cut_off_after_its_commit_replays(api: Api) -> None:
+    """A transaction that returns the response's value records the answer with the change: a
+    request cut off right after its commit leaves a key whose retries replay the answer instead
+    of being told to wait until the key expires."""
+    request = _request("cut-off")
+
+    def make() -> _Made:
+        api.db.transact(lambda conn: _Made(1))
+        raise _CutOff
+
+    with pytest.raises(_CutOff):
+        idempotency.respond_once(api.db, request, make=make, answer=_made, result_type=_Made)
+    replay = idempotency.respond_once(api.db, request, make=lambda: _Made(2), answer=_made, result_type=_Made)
+    assert replay.replayed and replay.body == {"made": 1}
+
+
+def test_an_answer_recorded_with_the_change_is_corrected_when_the_use_case_returns_another(api: Api) -> None:
+    """The answer recorded in the change's transaction is the transaction's value; a use case
+    that returns something else afterwards has its own answer recorded over it."""
+    request = _request("corrected")
+
+    def make() -> _Made:
+        first = api.db.transact(lambda conn: _Made(1))
+        return _Made(first.n + 4)
+
+    got = idempotency.respond_once(api.db, request, make=make, answer=_made, result_type=_Made)
+    assert got.body == {"made": 5} and not got.replayed
+    replay = idempotency.respond_once(api.db, request, make=lambda: _Made(9), answer=_made, result_type=_Made)
+    assert replay.replayed and replay.body == {"made": 5}
 
 
 def test_an_expired_key_is_free_again_and_pruned(api: Api) -> None:

@@ -129,7 +129,12 @@ class Guard:
         if scope["path"] in self.exempt:
             await self.app(scope, replay, send)
             return
-        caller, refusal = await run_in_threadpool(self._authenticate, request, body)
+        # A token whose principal is cached needs no database call: no thread hop for it.
+        known = self._authenticate_cached(request)
+        if known is not None:
+            caller, refusal = known
+        else:
+            caller, refusal = await run_in_threadpool(self._authenticate, request, body)
         if refusal is not None:
             status, title, detail = refusal
             redirect = self._page_redirect(request, status, title)
@@ -164,6 +169,24 @@ class Guard:
             return web_paths.PASSWORD
         return None
 
+    def _authenticate_cached(
+        self, request: Request
+    ) -> tuple[Caller | None, tuple[int, str, str] | None] | None:
+        """`_authenticate`'s answer for a Bearer token whose principal is cached (no database
+        call, so it runs on the event loop); None for every other request."""
+        header = request.headers.get("authorization")
+        if header is None:
+            return None
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return None
+        principal = accounts.cached_token_principal(self.db, secret.strip())
+        if principal is None:
+            return None
+        address = request.client.host if request.client else None
+        caller = Caller(principal=principal, via_cookie=False, address=address)
+        return caller, _password_refusal(request, principal)
+
     def _authenticate(
         self, request: Request, body: bytes = b""
     ) -> tuple[Caller | None, tuple[int, str, str] | None]:
@@ -197,10 +220,7 @@ class Guard:
             ):
                 detail = "the X-CSRF-Token header is missing or does not match the session's CSRF token"
                 return caller, (403, "CSRF check failed", detail)
-        if principal.must_change_password and request.url.path not in PASSWORD_CHANGE_ALLOWED:
-            detail = f"change the password first: POST {API}/auth/password"
-            return caller, (403, "Password change required", detail)
-        return caller, None
+        return caller, _password_refusal(request, principal)
 
     def _record(self, pending: RequestAudit, status: int) -> None:
         """Record one mutating call: who, what, from where, with which (redacted) parameters."""
@@ -210,6 +230,14 @@ class Guard:
             # The change itself is audited by the engine in its own transaction; a lost request
             # record is logged, never turned into a failed response after the fact.
             log.exception("could not record an API call", extra={"event": "api.audit_failed"})
+
+
+def _password_refusal(request: Request, principal: Principal) -> tuple[int, str, str] | None:
+    """The refusal for a caller who must change their password first, except on the routes
+    that lead there (None: nothing to refuse)."""
+    if principal.must_change_password and request.url.path not in PASSWORD_CHANGE_ALLOWED:
+        return 403, "Password change required", f"change the password first: POST {API}/auth/password"
+    return None
 
 
 @contextmanager

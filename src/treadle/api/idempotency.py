@@ -78,7 +78,11 @@ def answer_once(
     expired.prune_if_due(db)
     adapter = _adapter(model)
     answer = idempotency.respond_once(
-        db, claim, make=make, answer=lambda result: (status_code, adapter.dump_python(result, mode="json"))
+        db,
+        claim,
+        make=make,
+        answer=lambda result: (status_code, adapter.dump_python(result, mode="json")),
+        result_type=model if isinstance(model, type) else None,
     )
     headers = {REPLAYED_HEADER: "true"} if answer.replayed else None
     return JSONResponse(answer.body, status_code=answer.status_code, headers=headers)

@@ -354,6 +354,23 @@ def principal_for_session(db: Database, user_id: int, *, session_version: int) -
     )
 
 
+def cached_token_principal(db: Database, secret: str) -> Principal | None:
+    """The principal `principal_for_token` keeps for a usable token, while it keeps it; None if
+    it keeps none (the token may still be usable: `principal_for_token` reads it). No database
+    call, so an event loop may call it."""
+    return _cached_principal(db, hash_token(secret))
+
+
+def _cached_principal(db: Database, token_hash: str) -> Principal | None:
+    cached = db.principal_cache.get(token_hash)
+    if cached is None:
+        return None
+    if time.monotonic() < cached[0]:
+        return cached[1]
+    db.principal_cache.pop(token_hash, None)
+    return None
+
+
 def principal_for_token(db: Database, secret: str) -> Principal | None:
     """The principal of an API token, or None if unknown, revoked, expired or its user disabled.
 
@@ -361,11 +378,9 @@ def principal_for_token(db: Database, secret: str) -> Principal | None:
     every account change made through this module forgets them all.
     """
     token_hash = hash_token(secret)
-    cached = db.principal_cache.get(token_hash)
+    cached = _cached_principal(db, token_hash)
     if cached is not None:
-        if time.monotonic() < cached[0]:
-            return cached[1]
-        db.principal_cache.pop(token_hash, None)
+        return cached
     generation = db.principal_generation
     started = time.monotonic()
     found = db.query(lambda conn: user_store.token_principal(conn, token_hash))

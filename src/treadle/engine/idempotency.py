@@ -3,8 +3,10 @@
 The key is claimed inside the transaction that makes the change (the use case's own, joined
 through `Database.enlisted`): the claim commits with the run, backfill or requeue, or rolls back
 with it. So a claim row exists only once its change committed, and of two requests with one key
-the primary key lets exactly one commit. The response is recorded just after, in a short
-transaction of its own; a retry meanwhile is told to wait (409).
+the primary key lets exactly one commit. The response is recorded in that same transaction,
+just before its commit, when the transaction's value is the response's (the trigger's run);
+otherwise just after, in a short transaction of its own, and a retry meanwhile is told to wait
+(409).
 """
 
 from __future__ import annotations
@@ -77,21 +79,42 @@ def respond_once(
     *,
     make: Callable[[], T],
     answer: Callable[[T], tuple[int, Any]],
+    result_type: type[T] | None = None,
 ) -> Response:
     """Answer a request with an Idempotency-Key: the recorded response of the key, or `make()`'s.
 
     `make` runs the use case; its first write transaction carries the key's claim. `answer`
     turns its result into (status, JSON body), which is recorded for retries until the key
-    expires. An error from `make` records nothing: its change rolled back with the claim, so a
-    retry may succeed. A change that committed but whose response could not be recorded (the
-    process died in between) keeps the key claimed: retries get 409, never a second change.
+    expires. When that transaction returns a `result_type` value, its answer is recorded in the
+    transaction itself, before the commit; if `make` then returns something else, the recorded
+    answer is corrected just after. An error from `make` records nothing: its change rolled back
+    with the claim, so a retry may succeed. A change that committed but whose response could
+    not be recorded (the process died in between) keeps the key claimed: retries get 409,
+    never a second change.
     """
+    # A replay is answered before `make` runs: a use case may refuse, once its change is made,
+    # what its first request did (a requeue of an instance that moved on).
     found = recorded_response(db, request)
     if found is not None:
         return found
     claim = secrets.token_hex(16)
+    #: The answer recorded with the change (absent: none, or its transaction rolled back).
+    recorded: dict[str, tuple[int, Any]] = {}
+
+    def record_with_change(conn: Connection, value: Any) -> None:
+        recorded.clear()  # a retried transaction records again
+        if result_type is None or not isinstance(value, result_type):
+            return
+        status_code, body = answer(value)
+        if key_store.record_response(
+            conn, key_hash=request.key_hash, claim=claim, status_code=status_code, response=body
+        ):
+            recorded["answer"] = (status_code, body)
+
     try:
-        with db.enlisted(functools.partial(_claim, request=request, claim=claim)) as enlistment:
+        with db.enlisted(
+            functools.partial(_claim, request=request, claim=claim), finish=record_with_change
+        ) as enlistment:
             result = make()
     except _Taken:
         found = recorded_response(db, request)
@@ -101,10 +124,15 @@ def respond_once(
             ) from None
         return found
     status_code, body = answer(result)
-    if enlistment.committed:
+    if enlistment.committed and recorded.get("answer") != (status_code, body):
         db.transact(
             lambda conn: key_store.record_response(
-                conn, key_hash=request.key_hash, claim=claim, status_code=status_code, response=body
+                conn,
+                key_hash=request.key_hash,
+                claim=claim,
+                status_code=status_code,
+                response=body,
+                replace="answer" in recorded,
             )
         )
     return Response(status_code=status_code, body=body, replayed=False)

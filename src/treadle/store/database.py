@@ -116,8 +116,13 @@ class Enlistment:
     enlistment is spent and later transactions of the context run without it.
     """
 
-    def __init__(self, join: Callable[[Connection], None]) -> None:
+    def __init__(
+        self, join: Callable[[Connection], None], finish: Callable[[Connection, Any], None] | None = None
+    ) -> None:
         self.join = join
+        #: Runs last in that transaction, before its commit, with the value the transaction's
+        #: function returned (`Database.transact` only; a bare `begin` block has no value).
+        self.finish = finish
         #: True once a transaction it joined committed or was refused.
         self.spent = False
         #: True once a transaction it joined committed (its write is in the database).
@@ -125,6 +130,8 @@ class Enlistment:
 
 
 _ENLISTED: ContextVar[tuple[Enlistment, ...]] = ContextVar("treadle_enlisted", default=())
+#: conn.info key: the enlistments that joined the connection's current transaction.
+_JOINED = "treadle_joined"
 
 
 class Database:
@@ -206,6 +213,7 @@ class Database:
             with self.engine.begin() as conn:
                 conn.info.pop(dialects.PENDING_WAKEUPS, None)
                 conn.info.pop(dialects.SHARED_CLOCK, None)
+                conn.info[_JOINED] = enlisted
                 if enlisted:
                     conn.info[dialects.SHARED_CLOCK] = None
                 try:
@@ -215,6 +223,7 @@ class Database:
                 finally:
                     pending = conn.info.pop(dialects.PENDING_WAKEUPS, None)
                     conn.info.pop(dialects.SHARED_CLOCK, None)
+                    conn.info.pop(_JOINED, None)
         except sa.exc.DBAPIError:
             raise  # a database error: `transact` may retry, and the enlistments join the retry
         except BaseException:
@@ -227,15 +236,19 @@ class Database:
             self.wakeups.publish(pending)
 
     @contextmanager
-    def enlisted(self, join: Callable[[Connection], None]) -> Iterator[Enlistment]:
+    def enlisted(
+        self, join: Callable[[Connection], None], *, finish: Callable[[Connection, Any], None] | None = None
+    ) -> Iterator[Enlistment]:
         """Within the block, `join(conn)` runs first in the next write transaction of this
         context (thread or task), so its write commits or rolls back with that transaction's.
+        `finish(conn, value)`, if given, runs last in it, before the commit, with the value the
+        transaction's function returned (transactions run by `transact`).
 
         The API claims an Idempotency-Key this way inside the use case's own transaction, and
-        records the request's audit entry; reads (`query`) never join. Enlistments nest: an
-        inner one joins after the outer ones.
+        records its response with the change; it records the request's audit entry the same way;
+        reads (`query`) never join. Enlistments nest: an inner one joins after the outer ones.
         """
-        enlistment = Enlistment(join)
+        enlistment = Enlistment(join, finish)
         token = _ENLISTED.set((*_ENLISTED.get(), enlistment))
         try:
             yield enlistment
@@ -269,7 +282,11 @@ class Database:
         for n in range(1, attempts + 1):
             try:
                 with self.begin() as conn:
-                    return fn(conn)
+                    value = fn(conn)
+                    for enlistment in conn.info.get(_JOINED, ()):
+                        if enlistment.finish is not None:
+                            enlistment.finish(conn, value)
+                    return value
             except sa.exc.DBAPIError as exc:
                 conflict = retry_conflicts and isinstance(exc, sa.exc.IntegrityError)
                 if n == attempts or not (conflict or is_transient(exc)):

@@ -321,6 +321,16 @@ def insert_ignore(conn: Connection, table: sa.Table) -> Any:
     return _dialect_insert(conn)(table).on_conflict_do_nothing()
 
 
+def inserted_rows(conn: Connection, stmt: Any, *columns: sa.ColumnElement[Any]) -> list[Any] | None:
+    """Run an `insert_ignore` statement and return the rows it inserted (RETURNING `columns`:
+    none when it skipped), or None where the dialect cannot tell in the same statement (MySQL's
+    INSERT IGNORE): the caller reads the row back."""
+    if conn.dialect.name == "mysql":
+        conn.execute(stmt)
+        return None
+    return list(conn.execute(stmt.returning(*columns)))
+
+
 def _dialect_insert(conn: Connection) -> Any:
     """The connection's dialect's own `insert` (with its ON CONFLICT / ON DUPLICATE KEY forms).
 

@@ -74,8 +74,9 @@ def insert_claim(
 
     On PostgreSQL and MySQL an insert that meets another transaction's uncommitted claim waits
     for it: it inserts if that one rolls back and skips if it commits. SQLite's writer lock
-    serialises the two. The row is read back rather than trusting the insert's rowcount, which
-    drivers do not all report for a skipped row (psycopg gives -1).
+    serialises the two. The insert returns the row it made where the dialect can (a skipped
+    row returns nothing); elsewhere the row is read back rather than trusting the insert's
+    rowcount, which drivers do not all report for a skipped row.
     """
     stmt = dialects.insert_ignore(conn, idempotency_keys).values(
         key_hash=key_hash,
@@ -87,7 +88,9 @@ def insert_claim(
         created_at=now,
         expires_at=expires_at,
     )
-    conn.execute(stmt)
+    inserted = dialects.inserted_rows(conn, stmt, idempotency_keys.c.claim)
+    if inserted is not None:
+        return bool(inserted)
     held = conn.execute(
         sa.select(idempotency_keys.c.claim).where(idempotency_keys.c.key_hash == key_hash)
     ).scalar_one_or_none()
@@ -102,17 +105,24 @@ def delete_if_expired(conn: Connection, key_hash: str, *, now: datetime) -> bool
     return bool(conn.execute(stmt).rowcount)
 
 
-def record_response(conn: Connection, *, key_hash: str, claim: str, status_code: int, response: Any) -> bool:
-    """Store the response of the request holding `claim`; False if the row is not its own."""
+def record_response(
+    conn: Connection,
+    *,
+    key_hash: str,
+    claim: str,
+    status_code: int,
+    response: Any,
+    replace: bool = False,
+) -> bool:
+    """Store the response of the request holding `claim` (`replace`: over the one it stored
+    already); False if the row is not its own, or already has a response and not `replace`."""
     stmt = (
         sa.update(idempotency_keys)
-        .where(
-            idempotency_keys.c.key_hash == key_hash,
-            idempotency_keys.c.claim == claim,
-            idempotency_keys.c.status_code.is_(None),
-        )
+        .where(idempotency_keys.c.key_hash == key_hash, idempotency_keys.c.claim == claim)
         .values(status_code=status_code, response=response)
     )
+    if not replace:
+        stmt = stmt.where(idempotency_keys.c.status_code.is_(None))
     return bool(conn.execute(stmt).rowcount)
 
 
