@@ -30,7 +30,7 @@ with warnings.catch_warnings():
     from schemathesis.checks import not_a_server_error
     from schemathesis.specs.openapi.checks import response_schema_conformance
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.slow]
 #: Operations whose success would take the fuzzer's own token or account away.
 SELF_ENDING = r"^/api/v1/(auth/(logout|password)|tokens/\{[^}]+\}(/revoke)?|users/\{[^}]+\}/disable)$"
 TOKEN: dict[str, str] = {}
