@@ -318,7 +318,7 @@ def _profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
         "--output",
         str(out),
         "--rate",
-        "200",
+        os.environ.get("TREADLE_BENCH_PROFILE_RATE", "200"),
     ]
     return subprocess.Popen([*command, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -215,8 +215,12 @@ def list_dags(conn: Connection) -> list[DagInfo]:
 
 def get_dag(conn: Connection, dag_id: str) -> DagInfo | None:
     """Return one DAG, or None."""
-    row = conn.execute(_dag_select().where(dags.c.dag_id == dag_id)).first()
+    row = conn.execute(_GET_DAG, {"dag_id": dag_id}).first()
     return _dag_info(row) if row else None
+
+
+#: Built once (every trigger reads its DAG): the dag id is bound per call.
+_GET_DAG = _dag_select().where(dags.c.dag_id == sa.bindparam("dag_id"))
 
 
 def get_structure(conn: Connection, version_id: int) -> DagStructure:
