@@ -15,6 +15,8 @@ from treadle.scheduler import loop as scheduler_loop
 from treadle.scheduler.loop import Scheduler
 from treadle.store.database import Database
 
+#: Each test waits out real leases (about 6 s): `slow`, left out of the quick subset.
+pytestmark = pytest.mark.slow
 LEASE_S = 3.0
 
 

@@ -41,6 +41,7 @@ def test_daily_sales_report_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert result.results["notify"].startswith("sales report ready")
 
 
+@pytest.mark.slow  # waits out the example's own retry delays or poll interval
 def test_flaky_partner_feed_dead_letters(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PARTNER_FEED_READY", raising=False)
     dag = load_folder(EXAMPLES).dags["flaky_partner_feed"]
@@ -85,6 +86,7 @@ def _compiled_snapshot_job(tmp_path: Path) -> Path:
     return classes
 
 
+@pytest.mark.slow  # waits out the example's own retry delays or poll interval
 def test_regulatory_snapshot_runs_sensor_java_gate_publish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -142,6 +144,7 @@ def test_partitioned_sales_maps_and_reduces(tmp_path: Path, monkeypatch: pytest.
     assert result.task_states["load_partition[39]"] == "success"
 
 
+@pytest.mark.slow  # waits out the example's own retry delays or poll interval
 def test_detached_rebuild_polls_the_job_and_classifies_its_exit_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
