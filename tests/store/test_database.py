@@ -133,6 +133,25 @@ def test_planning_each_statement_holds_for_one_transaction_only(pg_url: str) -> 
     assert (inside, after) == ("force_custom_plan", "auto")
 
 
+@pytest.mark.postgres
+def test_a_postgresql_read_opens_no_transaction_and_writes_still_do(pg_url: str) -> None:
+    """A read costs one round trip per statement (autocommit: no BEGIN, no COMMIT); the pooled
+    connection goes back to transactions for the next write."""
+    db = Database(pg_url, pool_size=1)
+    same_clock = "SELECT now() = statement_timestamp()"  # true only for a transaction's first statement
+    try:
+        with db.read() as conn:
+            conn.exec_driver_sql("SELECT pg_sleep(0.01)")
+            read_is_one_statement = conn.exec_driver_sql(same_clock).scalar_one()
+        with db.begin() as conn:
+            conn.exec_driver_sql("SELECT pg_sleep(0.01)")
+            write_is_one_statement = conn.exec_driver_sql(same_clock).scalar_one()
+        assert db.query(lambda conn: conn.exec_driver_sql("SELECT 1").scalar_one()) == 1
+    finally:
+        db.dispose()
+    assert (read_is_one_statement, write_is_one_statement) == (True, False)
+
+
 def test_a_conflicting_batch_insert_is_a_conflict_the_transaction_retries(db_url: str) -> None:
     """The pipelined batch insert (store/dialects.py insert_many) fails as SQLAlchemy's own
     statements fail: two manual triggers in one clock tick then retry instead of answering 500."""

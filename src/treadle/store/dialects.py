@@ -225,6 +225,14 @@ def update_returning(
     return list(conn.execute(sa.select(*columns).where(key.in_(keys))))
 
 
+def read_options(dialect: str) -> dict[str, Any]:
+    """Execution options of a read (`Database.read`): on PostgreSQL, autocommit. Its READ
+    COMMITTED gives each statement its own snapshot inside a transaction too, so a read loses
+    nothing outside one and saves the BEGIN and COMMIT round trips. MySQL's reads keep their
+    transaction, and SQLite's its deferred BEGIN (one snapshot for the read)."""
+    return {"isolation_level": "AUTOCOMMIT"} if dialect == "postgresql" else {}
+
+
 def plan_each_statement(conn: Connection) -> None:
     """Plan this transaction's statements for their parameters (PostgreSQL), never from a
     cached generic plan.
