@@ -31,3 +31,42 @@ def test_transitive_downstream() -> None:
     down = downstream_map({"a": [], "b": ["a"], "c": ["b"], "d": []})
     assert transitive_downstream(down, "a") == ["b", "c"]
     assert transitive_downstream(down, "d") == []
+
+
+def _levels_by_rescanning(upstream: dict[str, set[str]]) -> list[str] | None:
+    """The definition: repeatedly take every task whose upstreams are all placed, sorted by id."""
+    remaining = {k: set(v) for k, v in upstream.items()}
+    order: list[str] = []
+    while remaining:
+        ready = sorted(k for k, v in remaining.items() if not v)
+        if not ready:
+            return None
+        for k in ready:
+            del remaining[k]
+        for v in remaining.values():
+            v.difference_update(ready)
+        order.extend(ready)
+    return order
+
+
+def test_topological_order_is_level_by_level_with_ties_by_id() -> None:
+    import random
+
+    rng = random.Random(7)
+    for trial in range(500):
+        ids = [f"t{rng.randint(0, 99):02d}_{i}" for i in range(rng.randint(0, 25))]
+        rng.shuffle(ids)
+        upstream = {t: set(rng.sample(ids[:i], k=min(i, rng.randint(0, 3)))) for i, t in enumerate(ids)}
+        if trial % 5 == 0 and len(ids) > 2:
+            a, b = rng.sample(ids, 2)
+            upstream[a].add(b)
+            upstream[b].add(a)
+        expected = _levels_by_rescanning(upstream)
+        if expected is None:
+            try:
+                topological_order(upstream)
+            except ValueError:
+                continue
+            raise AssertionError(f"no cycle reported for {upstream}")
+        assert topological_order(upstream) == expected
+    assert topological_order({"b": {"a"}, "c": {"a"}, "a": set(), "d": {"b", "c"}}) == ["a", "b", "c", "d"]

@@ -56,16 +56,28 @@ def transitive_downstream(downstream: Mapping[str, Iterable[str]], task_id: str)
 
 
 def topological_order(upstream: Mapping[str, Iterable[str]]) -> list[str]:
-    """Return task ids so that every task comes after its upstreams (ties by id)."""
-    remaining = {k: set(v) for k, v in upstream.items()}
+    """Return task ids so that every task comes after its upstreams: level by level (a task's
+    level is one more than its deepest upstream's), ties by id.
+
+    Linear in tasks and edges (plus the sorting of each level): a 5,000-task chain is 5,000
+    levels, and scanning every remaining task per level made that quadratic.
+    """
+    waiting = {k: len(set(v)) for k, v in upstream.items()}
+    downstream: dict[str, list[str]] = {}
+    for task, ups in upstream.items():
+        for up in set(ups):
+            downstream.setdefault(up, []).append(task)
     order: list[str] = []
-    while remaining:
-        ready = sorted(k for k, v in remaining.items() if not v)
-        if not ready:
-            raise ValueError("graph has a cycle")
-        for k in ready:
-            del remaining[k]
-        for v in remaining.values():
-            v.difference_update(ready)
-        order.extend(ready)
+    level = sorted(k for k, n in waiting.items() if n == 0)
+    while level:
+        order.extend(level)
+        following = []
+        for done in level:
+            for task in downstream.get(done, ()):
+                waiting[task] -= 1
+                if waiting[task] == 0:
+                    following.append(task)
+        level = sorted(following)
+    if len(order) != len(waiting):
+        raise ValueError("graph has a cycle")
     return order
