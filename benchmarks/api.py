@@ -11,6 +11,8 @@ one run of 500 tasks, starts `treadle api` as a real process, and measures over 
   - `trigger_saturated` (closed loop): each client triggers again as soon as answered, which
     measures throughput (`per_s`): its latency is the queue of 50 waiting requests;
   each client sends an `Idempotency-Key` on every other trigger, as a retrying client would;
+  the clients are threads spread over `--client-processes` processes (5), and the figures say
+  how much CPU they spent per trigger (`trigger_client_cpu_ms`) next to the API's;
 * the API process's resident memory (VmRSS) after all of it.
 
 `--scenarios trigger` (or any comma-separated subset of list, detail, trigger, saturated) runs
@@ -23,6 +25,7 @@ Prints one JSON object with p50 / p99 / max per operation, and the machine's loa
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import signal
@@ -168,6 +171,9 @@ def measure(base: str, token: str, big_run: str, args: argparse.Namespace, *, pi
     if triggers:
         #: CPU the API process spent per trigger (user + system), whatever the machine's load.
         figures["trigger_api_cpu_ms"] = round((cpu_s(pid) - cpu_before) * 1000 / triggers, 2)
+        #: And what the clients spent sending them (on the same machine's cores).
+        figures["trigger_client_cpu_ms"] = round(sum(_CLIENT_CPU) * 1000 / triggers, 2)
+        figures["client_processes"] = max(1, min(args.client_processes, args.clients))
     return figures
 
 
@@ -180,11 +186,52 @@ def cpu_s(pid: int) -> float:
 def _triggers(
     base: str, headers: dict[str, str], args: argparse.Namespace, *, rate: float | None
 ) -> list[float]:
-    """Latencies of `--clients` threads each triggering `--triggers` runs (paced at `rate` per
-    second per client, or back to back when None)."""
+    """Latencies of `--clients` clients each triggering `--triggers` runs (paced at `rate` per
+    second per client, or back to back when None), as threads spread over
+    `--client-processes` processes: one Python process sending for 50 threads spent more CPU
+    per request than the API answering it, and its threads' wait for the interpreter lock was
+    counted as the API's latency. `_CLIENT_CPU` gets the clients' CPU seconds (all processes)."""
+    processes = max(1, min(args.client_processes, args.clients))
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(processes)
+    out = context.SimpleQueue()
+    shares = [
+        args.clients // processes + (1 if i < args.clients % processes else 0) for i in range(processes)
+    ]
+    procs = [
+        context.Process(target=_client_process, args=(base, headers, args, rate, n, barrier, out))
+        for n in shares
+    ]
+    for p in procs:
+        p.start()
+    latencies: list[float] = []
+    cpu = 0.0
+    for _ in procs:
+        got, used = out.get()
+        latencies.extend(got)
+        cpu += used
+    for p in procs:
+        p.join(timeout=60)
+    _CLIENT_CPU.append(cpu)
+    return latencies
+
+
+#: CPU seconds the client processes of each `_triggers` call spent sending.
+_CLIENT_CPU: list[float] = []
+
+
+def _client_process(
+    base: str,
+    headers: dict[str, str],
+    args: argparse.Namespace,
+    rate: float | None,
+    clients: int,
+    barrier: Any,  # multiprocessing.Barrier
+    out: Any,  # multiprocessing.SimpleQueue
+) -> None:
     latencies: list[float] = []
     lock = threading.Lock()
-    start = threading.Barrier(args.clients)
+    start = threading.Barrier(clients + 1)
 
     def client() -> None:
         own = httpx.Client(base_url=base, headers=headers, timeout=60)
@@ -204,12 +251,16 @@ def _triggers(
                 latencies.append(took)
         own.close()
 
-    threads = [threading.Thread(target=client) for _ in range(args.clients)]
+    random.seed()  # each process its own phases
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
+    barrier.wait()  # every process's clients are connected
+    began = time.process_time()
+    start.wait()
     for t in threads:
         t.join()
-    return latencies
+    out.put((latencies, time.process_time() - began))
 
 
 def rss_mb(pid: int) -> float:
@@ -227,6 +278,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--triggers", type=int, default=10)
     parser.add_argument("--rate", type=float, default=1.0, help="Paced triggers per second per client.")
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=5,
+        help="Processes the trigger clients are spread over (threads in each).",
+    )
     parser.add_argument("--profile", type=Path, default=None, help="Write py-spy collapsed stacks here.")
     parser.add_argument("--api-log", type=Path, default=None, help="Write the API process's stderr here.")
     parser.add_argument(
