@@ -22,18 +22,37 @@ def record(
     details: dict[str, Any] | None = None,
     address: str | None = None,
 ) -> None:
-    """Append one entry (in the caller's transaction, with the change it describes)."""
-    conn.execute(
-        _INSERT,
-        {
-            "at": at,
-            "actor": actor[:250],
-            "action": action,
-            "target": target[:500],
-            "details": details or {},
-            "address": address[:100] if address else None,
-        },
-    )
+    """Append one entry (in the caller's transaction, with the change it describes).
+
+    In a transaction of `Database.begin` the entry is written with the transaction's other
+    entries, in one statement just before the commit (an API trigger writes two); elsewhere
+    at once.
+    """
+    row = {
+        "at": at,
+        "actor": actor[:250],
+        "action": action,
+        "target": target[:500],
+        "details": details or {},
+        "address": address[:100] if address else None,
+    }
+    pending = conn.info.get(PENDING)
+    if pending is None:
+        conn.execute(_INSERT, row)
+    else:
+        pending.append(row)
+
+
+#: conn.info key: the entries a transaction recorded and has not written yet (`write_pending`).
+PENDING = "treadle_pending_audit"
+
+
+def write_pending(conn: Connection) -> None:
+    """Write the entries the transaction recorded, in their order, in one statement."""
+    rows = conn.info.get(PENDING)
+    if rows:
+        conn.execute(_INSERT, list(rows))
+        rows.clear()
 
 
 #: Built once, values bound per call: an entry goes with most writes, and building the

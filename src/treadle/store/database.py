@@ -23,7 +23,7 @@ from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
 from treadle.domain.records import RunInfo
 from treadle.domain.urls import DatabaseUrl, parse_database_url
 from treadle.errors import ConfigError, DatabaseUnavailable
-from treadle.store import dialects, wakeups
+from treadle.store import audit, dialects, wakeups
 
 log = logging.getLogger("treadle.store")
 T = TypeVar("T")
@@ -214,16 +214,19 @@ class Database:
                 conn.info.pop(dialects.PENDING_WAKEUPS, None)
                 conn.info.pop(dialects.SHARED_CLOCK, None)
                 conn.info[_JOINED] = enlisted
+                conn.info[audit.PENDING] = []
                 if enlisted:
                     conn.info[dialects.SHARED_CLOCK] = None
                 try:
                     for enlistment in enlisted:
                         enlistment.join(conn)
                     yield conn
+                    audit.write_pending(conn)  # the transaction's audit entries, in one statement
                 finally:
                     pending = conn.info.pop(dialects.PENDING_WAKEUPS, None)
                     conn.info.pop(dialects.SHARED_CLOCK, None)
                     conn.info.pop(_JOINED, None)
+                    conn.info.pop(audit.PENDING, None)
         except sa.exc.DBAPIError:
             raise  # a database error: `transact` may retry, and the enlistments join the retry
         except BaseException:
