@@ -1,5 +1,5 @@
-"""Audit entries of a transaction: written together, in one statement before the commit, in the
-order they were recorded; none when the transaction rolls back."""
+"""Audit entries of a transaction: written together just before the commit, in the order they
+were recorded; none when the transaction rolls back."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_a_transactions_entries_are_written_together_in_order_and_not_on_rollbac
     with db.begin() as conn:
         for n in range(3):
             audit.record(conn, at=db_now(conn), actor="tester", action=f"test.{n}", target="t")
-        # Not written yet: the transaction writes its entries in one statement as it ends.
+        # Not written yet: the transaction writes its entries together as it ends.
         unwritten = conn.execute(sa.select(sa.func.count()).select_from(audit_log)).scalar_one()
     assert unwritten == 0
     assert _actions(db) == ["test.0", "test.1", "test.2"]

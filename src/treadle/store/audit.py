@@ -25,8 +25,8 @@ def record(
     """Append one entry (in the caller's transaction, with the change it describes).
 
     In a transaction of `Database.begin` the entry is written with the transaction's other
-    entries, in one statement just before the commit (an API trigger writes two); elsewhere
-    at once.
+    entries, in one executemany just before the commit (an API trigger writes two; psycopg
+    pipelines them in one round trip); elsewhere at once.
     """
     row = {
         "at": at,
@@ -48,7 +48,7 @@ PENDING = "treadle_pending_audit"
 
 
 def write_pending(conn: Connection) -> None:
-    """Write the entries the transaction recorded, in their order, in one statement."""
+    """Write the entries the transaction recorded, in their order, in one executemany."""
     rows = conn.info.get(PENDING)
     if rows:
         conn.execute(_INSERT, list(rows))
