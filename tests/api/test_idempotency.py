@@ -136,11 +136,10 @@ def test_concurrent_requests_with_one_key_start_one_run(api: Api) -> None:
     assert replay.status_code == 201 and replay.json()["run_id"] == created[0].json()["run_id"]
 
 
-def test_a_claim_commits_with_the_change_and_a_second_claim_cannot(api: Api) -> None:
-    """While one request's change is in flight (claim not yet committed), another request with the
-    key either waits for it or finds it: it never makes a second change."""
-    request = idempotent_request(
-        key="in-flight",
+def _request(key: str) -> Any:
+    """A request with `key` from one token to one route (for the engine-level tests)."""
+    return idempotent_request(
+        key=key,
         identity="token:1:x",
         route="/x",
         method="POST",
@@ -148,6 +147,12 @@ def test_a_claim_commits_with_the_change_and_a_second_claim_cannot(api: Api) -> 
         body={},
         retention=timedelta(hours=1),
     )
+
+
+def test_a_claim_commits_with_the_change_and_a_second_claim_cannot(api: Api) -> None:
+    """While one request's change is in flight (claim not yet committed), another request with the
+    key either waits for it or finds it: it never makes a second change."""
+    request = _request("in-flight")
     inside, second_done = threading.Event(), threading.Event()
     outcome: list[object] = []
 
@@ -206,18 +211,6 @@ class _CutOff(BaseException):
 
 def _made(result: _Made) -> tuple[int, Any]:
     return 201, {"made": result.n}
-
-
-def _request(key: str) -> Any:
-    return idempotent_request(
-        key=key,
-        identity="token:1:x",
-        route="/x",
-        method="POST",
-        path="/x",
-        body={},
-        retention=timedelta(hours=1),
-    )
 
 
 def test_the_answer_commits_with_the_change_so_a_request_cut_off_after_its_commit_replays(api: Api) -> None:
