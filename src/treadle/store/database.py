@@ -221,7 +221,7 @@ class Database:
                     for enlistment in enlisted:
                         enlistment.join(conn)
                     yield conn
-                    audit.write_pending(conn)  # the transaction's audit entries, in one statement
+                    audit.write_pending(conn)  # the transaction's audit entries, together
                 finally:
                     pending = conn.info.pop(dialects.PENDING_WAKEUPS, None)
                     conn.info.pop(dialects.SHARED_CLOCK, None)
