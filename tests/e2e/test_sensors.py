@@ -163,7 +163,9 @@ JOB_DAGS = """
 
 
 def _job_pids(c: Cluster) -> list[int]:
-    return [int(p.read_text().split()[0]) for p in sorted(c.pids.glob("job-*"))]
+    """The jobs' pids, from the files each job writes (one still empty is being written)."""
+    found = (p.read_text().split() for p in sorted(c.pids.glob("job-*")))
+    return [int(fields[0]) for fields in found if fields]
 
 
 def test_a_submitted_job_outlives_its_worker_and_is_polled_not_resubmitted(
