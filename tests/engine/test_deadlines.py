@@ -250,3 +250,51 @@ def test_a_scheduler_step_that_stalled_holds_deadlines_before_it_reaps(runner: D
         assert reaped == 2
     finally:
         scheduler.fire_pool.shutdown()
+
+
+def test_deadlines_wait_a_lease_after_the_first_step_that_follows_failed_ones(
+    runner: DagRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps that failed (the database was down) back off for longer than a lease. The first step
+    that succeeds may come just after the server returned, before any worker could renew, so it
+    must not reap on leases that lapsed during the outage: the hold runs from that step on."""
+    import threading
+
+    from treadle.scheduler import loop
+
+    run_id = runner.trigger()
+    claim_task_instances(runner.db, worker_id="w", hostname="h", queues=["default"], limit=10, lease_s=0.3)
+    wait_for(lambda: _expired_leases(runner), timeout=10, message="both leases to lapse")
+    monkeypatch.setattr(loop.random, "random", lambda: 1.0)  # the longest backoff of each range
+    scheduler = loop.Scheduler(runner.db, tick_s=0.1, lease_s=0.5)
+    outage = {"steps": 4}  # backoffs 0.3, 0.6, 1.2, 2.4 s: the last ones outlast the lease
+    real_step, real_tick = scheduler.step, scheduler.tick
+    ticks: list[dict[str, int]] = []
+
+    def step() -> float:
+        if outage["steps"]:
+            outage["steps"] -= 1
+            raise sa.exc.OperationalError("SELECT 1", None, ConnectionRefusedError("server down"))
+        return real_step()
+
+    def tick() -> dict[str, int]:
+        changes = real_tick()
+        ticks.append(changes)
+        return changes
+
+    monkeypatch.setattr(scheduler, "step", step)
+    monkeypatch.setattr(scheduler, "tick", tick)
+    thread = threading.Thread(target=scheduler.run, daemon=True)
+    thread.start()
+    try:
+        reaped = wait_for(
+            lambda: next((t["leases_reaped"] for t in ticks if t.get("leases_reaped")), None),
+            timeout=60,
+            message="the leases to be reaped once the hold ended",
+        )
+        assert reaped == 2
+        assert "leases_reaped" not in ticks[0], "the first step after the outage reaped at once"
+        assert "running" not in {_state(runner, run_id, t) for t in ("bounded", "plain")}
+    finally:
+        scheduler.stop()
+        thread.join(timeout=30)

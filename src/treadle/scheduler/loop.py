@@ -378,6 +378,11 @@ class Scheduler:
                     self.idle = False
                     self.next_tick_at = min(self.next_tick_at, time.monotonic() + self.tick_s)
             began = self.step_began = self.in_step_since = time.monotonic()
+            if failures:
+                # The database failed the last step and the loop then slept out its backoff,
+                # which can be longer than a lease: the server may have come back just now, so
+                # it counts as answering steadily from this step on, not from that failure.
+                self.reachable_since = max(self.reachable_since, began)
             try:
                 delay = self.step()
                 failures = 0
