@@ -143,6 +143,8 @@ class Cycle:
     rescheduled: list[Ending] = field(default_factory=list)
     #: Queued candidates the claim left behind because a pool or DAG limit was full, by reason.
     refused: Counter[str] = field(default_factory=Counter)
+    #: Queues in which the recorded successes readied downstream work (claimed here or not).
+    readied_queues: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,7 +237,12 @@ def work_cycle(
         if done.readied_queues and (len(claimed) >= claim_limit or not done.readied_queues <= set(queues)):
             dialects.notify_ready(conn)
         return Cycle(
-            endings=done.endings, started=started, claimed=claimed, rescheduled=rescheduled, refused=refused
+            endings=done.endings,
+            started=started,
+            claimed=claimed,
+            rescheduled=rescheduled,
+            refused=refused,
+            readied_queues=done.readied_queues,
         )
 
     return db.transact(work, attempts=attempts)

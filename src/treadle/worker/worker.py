@@ -338,7 +338,7 @@ class Worker:
                 continue
             delay = 0.25
             self._apply(cycle, successes, pokes, to_start, taken)
-            hungry = len(cycle.claimed) >= want > 0
+            hungry = _still_hungry(hungry, want=want, cycle=cycle, queues=self.queues)
 
     def _cycle(
         self,
@@ -857,6 +857,20 @@ def _is_poke(version: DagVersion, task: ClaimedTask) -> bool:
 def _pair(item: Success | Reschedule) -> tuple[int, int]:
     task = item.task if isinstance(item, Reschedule) else item[0]
     return task.task_instance_id, task.attempt
+
+
+def _still_hungry(hungry: bool, *, want: int, cycle: Cycle, queues: list[str]) -> bool:
+    """Whether the next pass should claim, after a pass that asked for `want` attempts.
+
+    Only a claim that asked and came back short says the queues are empty (it ran after the
+    pass's successes, so it saw what they readied). A pass that claimed nothing (the buffer was
+    full, or the queues were empty) leaves the answer as it was, unless its successes readied
+    work in this worker's queues: then the next pass claims it. Clearing it on such a pass kept
+    a busy worker from refilling its buffer until its slots ran dry.
+    """
+    if want > 0:
+        return len(cycle.claimed) >= want
+    return hungry or not cycle.readied_queues.isdisjoint(queues)
 
 
 def _split(items: list[Success | Reschedule]) -> tuple[list[Success], list[Reschedule]]:
