@@ -38,10 +38,13 @@ def _queues(raw: str) -> list[str]:
 
 
 def default_prefetch(concurrency: int) -> int:
-    """Attempts claimed ahead by default: two per slot, at least 8 and at most 32. A slot that
-    frees has its next attempt at hand, and one database round trip refills the buffer for
-    several slots; admission stays bounded (slots plus this many)."""
-    return min(max(2 * concurrency, 8), 32)
+    """The most attempts claimed ahead by default: two per slot, at least 16 and at most 64.
+
+    Without --prefetch the buffer adapts below this ceiling (`worker.BufferSizer`): it holds
+    what the slots finish while the next dispatch passes run, so a slot that frees has its next
+    short task at hand, one round trip refills the buffer for several slots, and long tasks are
+    not held back from idle workers. Admission stays bounded (slots plus this many)."""
+    return min(max(2 * concurrency, 16), 64)
 
 
 class Signals:
@@ -80,7 +83,8 @@ _POLL_OPTION = click.option(
     default=None,
     type=click.IntRange(0, 256),
     help="Attempts claimed ahead of a free slot (they wait, holding a lease, and a slot that frees "
-    "takes one at once) [default: twice the slots, at least 8, at most 32].",
+    "takes one at once) [default: what the slots finish during the next two dispatch passes, "
+    "at most twice the slots, at least 16, at most 64].",
 )
 @click.option("--queues", default="default", show_default=True, help="Comma-separated queues.")
 @click.option(
@@ -108,6 +112,7 @@ def worker_cmd(
     # The task processes' fork server starts while the worker sets itself up (Worker.start).
     prestart(settings.dags_folder, settings.max_result_bytes, settings.dag_import_timeout_s)
     fields = configure_logging(log_level, log_format=ctx.settings.log_format)
+    adaptive = prefetch is None
     if prefetch is None:
         prefetch = default_prefetch(concurrency)
     metrics = _metrics(ctx)
@@ -117,6 +122,7 @@ def worker_cmd(
         concurrency=concurrency,
         queues=_queues(queues),
         prefetch=prefetch,
+        adaptive_prefetch=adaptive,
         poll_s=poll_interval,
         hooks=metrics or NO_HOOKS,
     )
@@ -174,6 +180,7 @@ def standalone_cmd(
         concurrency=concurrency,
         queues=["default"],
         prefetch=default_prefetch(concurrency),
+        adaptive_prefetch=True,
         poll_s=poll_interval,
         hooks=metrics or NO_HOOKS,
     )

@@ -98,6 +98,9 @@ class Slot(threading.Thread):
         self.start_error: BaseException | None = None
         self.pokes = Pokes(self)
         self.running: Running | None = None
+        #: Moving average of the seconds this slot spends on one attempt, from taking it to being
+        #: free again (None before its first); read by the worker to size its buffer.
+        self.service_s: float | None = None
         self._assigned = threading.Event()
         self._stopping = threading.Event()
         self._abandoned = threading.Event()
@@ -108,6 +111,11 @@ class Slot(threading.Thread):
         running = Running(task=task)
         running.confirmed.set()
         self.running = running
+        self._assigned.set()
+
+    def go(self) -> None:
+        """Run the attempt the worker put in `running` of this idle slot (one taken from its
+        buffer, whose start its next pass records)."""
         self._assigned.set()
 
     def confirm(self, started: ClaimedTask) -> bool:
@@ -183,6 +191,7 @@ class Slot(threading.Thread):
             self._assigned.clear()
             current = self.running
             while current is not None:
+                took = time.monotonic()
                 try:
                     with attempt_context(**_attempt_ids(current.task)):
                         self._execute(current)
@@ -191,6 +200,9 @@ class Slot(threading.Thread):
                         "slot failed while running an attempt", extra={"event": "worker.slot_error"}
                     )
                 self.running = current = None
+                spent = time.monotonic() - took
+                last = self.service_s
+                self.service_s = spent if last is None else last + 0.3 * (spent - last)
                 if self._stopping.is_set():
                     break
                 if self.take_next(self) is not None:  # it set `running` before anyone could look

@@ -7,13 +7,14 @@ import collections
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import queue
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,11 @@ log = logging.getLogger("treadle.worker")
 MAX_CYCLE_RETRY_S = 5.0
 #: Seconds a stopping worker keeps trying to record the successes it holds.
 FLUSH_ON_STOP_S = 10.0
+#: The default buffer holds what the slots can finish during this many dispatch passes...
+BUFFER_HORIZON_PASSES = 2
+#: ...and nothing when that is less than this share of one attempt (attempts that take more than
+#: twenty passes gain little from waiting at hand, and are better left to idle workers).
+MIN_BUFFERED_SHARE = 0.1
 
 
 def sync_dag_folder(db: Database, folder: Path, *, file_limit_s: float) -> tuple[SyncReport, ParsedFolder]:
@@ -85,6 +91,7 @@ class Worker:
         worker_id: str | None = None,
         poll_s: float = 1.0,
         prefetch: int = 0,
+        adaptive_prefetch: bool = False,
         hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.db, self.settings = db, settings
@@ -94,6 +101,10 @@ class Worker:
         #: Attempts claimed ahead of a free slot (they hold a lease and are heartbeated, but are
         #: started only when a slot takes them). Guarded by `_buffer_lock`.
         self.prefetch = prefetch
+        #: With `adaptive_prefetch`, `prefetch` is a ceiling: the buffer holds what the slots
+        #: finish while the next passes run (`BufferSizer`), so long tasks stay queued for
+        #: other workers and short ones never leave a slot waiting on a pass.
+        self.sizer = BufferSizer() if adaptive_prefetch else None
         self.prefetched: collections.deque[ClaimedTask] = collections.deque()
         self._buffer_lock = threading.Lock()
         #: Successes and pokes' reschedules handed over by slots and not yet committed, by (task
@@ -308,7 +319,12 @@ class Worker:
             idle = self.idle.qsize()
             starts = min(idle, buffered)
             # Bounded admission: never more than `concurrency` running plus `prefetch` waiting.
-            want = (idle - starts) + max(self.prefetch - (buffered - starts), 0) if hungry else 0
+            ahead = (
+                self.prefetch
+                if self.sizer is None
+                else self.sizer.target(self.prefetch, [slot.service_s for slot in self.slots])
+            )
+            want = (idle - starts) + max(ahead - (buffered - starts), 0) if hungry else 0
             if not successes and not pokes and not starts and not want and not taken:
                 self.wake.wait(self.poll_s)
                 self.wake.clear()
@@ -318,6 +334,7 @@ class Worker:
                 to_start = list(itertools.islice(self.prefetched, starts))
                 # Reserved for this pass: a slot that frees meanwhile takes another one.
                 self.reserved = {(t.task_instance_id, t.attempt) for t in to_start}
+            began = time.monotonic()
             try:
                 cycle = self._cycle(
                     successes,
@@ -337,6 +354,8 @@ class Worker:
                 delay = min(delay * 2, MAX_CYCLE_RETRY_S, self.settings.heartbeat_s)
                 continue
             delay = 0.25
+            if self.sizer is not None:
+                self.sizer.observe(time.monotonic() - began)
             self._apply(cycle, successes, pokes, to_start, taken)
             hungry = _still_hungry(hungry, want=want, cycle=cycle, queues=self.queues)
 
@@ -430,6 +449,21 @@ class Worker:
                 self.idle.get().assign(task)
             else:
                 self._buffer(task)
+        self._idle_slots_take_buffered()
+
+    def _idle_slots_take_buffered(self) -> None:
+        """Slots that freed while the pass ran, when the buffer was empty, take what it brought
+        at once, as a slot that frees with the buffer full does, instead of idling until the
+        next pass starts an attempt for them."""
+        while True:
+            try:
+                slot = self.idle.get_nowait()
+            except queue.Empty:
+                return
+            if self._take_buffered(slot) is None:
+                self.idle.put(slot)
+                return
+            slot.go()
 
     def _buffer(self, task: ClaimedTask) -> None:
         """Put a claimed attempt in the buffer: pokes behind every other attempt.
@@ -857,6 +891,39 @@ def _is_poke(version: DagVersion, task: ClaimedTask) -> bool:
 def _pair(item: Success | Reschedule) -> tuple[int, int]:
     task = item.task if isinstance(item, Reschedule) else item[0]
     return task.task_instance_id, task.attempt
+
+
+class BufferSizer:
+    """How many attempts a worker buffers ahead by default: what its slots can finish during the
+    next BUFFER_HORIZON_PASSES dispatch passes, from moving averages of how long a pass takes
+    and of how long each slot spends on one attempt.
+
+    A buffer that covers a pass keeps every slot busy while the pass that refills it runs (with
+    no-op tasks on two slots a pass lasts as long as three to five attempts). Sized by what the
+    slots could do, not by what they did: a buffer sized by the rate it allowed would stay as
+    small as it started. Attempts much longer than a pass get none buffered (their attempts
+    stay queued for idle workers), and none before a slot has finished one. Used by the
+    dispatch loop's thread only.
+    """
+
+    SMOOTHING = 0.3
+
+    def __init__(self) -> None:
+        self.pass_s = 0.0
+
+    def observe(self, pass_s: float) -> None:
+        """A dispatch pass took `pass_s` seconds."""
+        self.pass_s += self.SMOOTHING * (pass_s - self.pass_s)
+
+    def target(self, limit: int, service_s: Sequence[float | None]) -> int:
+        """The attempts to hold buffered, from 0 to `limit`, for slots whose average time per
+        attempt is `service_s` (None: none finished yet)."""
+        known = [s for s in service_s if s is not None and s > 0]
+        if not known:
+            return 0
+        rate = len(service_s) * len(known) / sum(known)  # attempts per second, every slot busy
+        wanted = rate * self.pass_s * BUFFER_HORIZON_PASSES
+        return min(limit, math.ceil(wanted)) if wanted >= MIN_BUFFERED_SHARE else 0
 
 
 def _still_hungry(hungry: bool, *, want: int, cycle: Cycle, queues: list[str]) -> bool:
