@@ -141,6 +141,28 @@ def test_heartbeat_skips_a_row_another_transaction_holds_and_renews_it_next_time
     assert extend_leases(runner.db, worker_id="w1", held=[pair], lease_s=30) == ({pair}, set())
 
 
+def test_a_stale_workers_renewal_leaves_the_row_of_the_attempt_that_replaced_its_own(
+    runner: DagRunner,
+) -> None:
+    if runner.db.is_sqlite:
+        pytest.skip("SQLite has no row locks: its writer lock serialises the two")
+    from treadle.store import task_instances as ti_store
+
+    runner.trigger()
+    [held] = _claim(runner, "w2", lease_s=30)
+    pair = (held.task_instance_id, held.attempt)
+    # w1 was cut off while it ran attempt 1 of this row; its renewal reaches the server late,
+    # inside a transaction that stays open (a path that froze again). It renews nothing...
+    with runner.db.engine.connect() as stale, stale.begin():
+        now = db_now(stale)
+        renewed, skipped = ti_store.extend_leases(
+            stale, worker_id="w1", held=[(pair[0], pair[1] - 1)], now=now, lease_s=30
+        )
+        assert (renewed, skipped) == (set(), set())
+        # ...and holds no lock that keeps w2 from renewing the attempt it runs.
+        assert extend_leases(runner.db, worker_id="w2", held=[pair], lease_s=30) == ({pair}, set())
+
+
 def test_claim_honours_limit_priority_and_queue(db_url: str) -> None:
     r = DagRunner(wide, database_url=db_url)
     try:

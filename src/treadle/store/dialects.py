@@ -83,6 +83,12 @@ def lock_for_claim(stmt: SelectT, conn: Connection, *, of: sa.Table | None = Non
     return stmt.with_for_update(skip_locked=True, of=of)
 
 
+def locks_rejected_rows(conn: Connection) -> bool:
+    """Whether a locking read keeps its lock on rows its WHERE then rejects: InnoDB locks every
+    row it visits, even under READ COMMITTED; PostgreSQL checks the WHERE before it locks."""
+    return conn.dialect.name == "mysql"
+
+
 def claim_lookup(
     conn: Connection, base: sa.Table, column: sa.Column[Any], *, on: sa.ColumnElement[bool]
 ) -> tuple[sa.FromClause, sa.ColumnElement[Any]]:

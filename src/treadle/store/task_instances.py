@@ -848,15 +848,39 @@ def extend_leases(
 
     Rows are locked in id order and locked rows are skipped, never waited for, so a renewal can
     neither deadlock with a pass that changes several of the worker's rows in its own order nor
-    stall behind it; a lease is several heartbeats long, so one skipped renewal costs nothing.
+    stall behind it; the worker retries skipped rows soon after.
+
+    Only rows this worker still runs are locked: a stale worker (one cut off past its lease,
+    whose renewal reaches the server late) must not hold the row of the attempt that replaced
+    its own, or that attempt's worker would skip its renewal and, skipping long enough, fence.
     """
     if not held:
         return set(), set()
     ids = sorted({i for i, _ in held})
-    # (SQLite: a plain read; its single writer lock serialises transactions.)
-    lock = dialects.lock_for_claim(sa.select(ti.c.id).where(ti.c.id.in_(ids)).order_by(ti.c.id), conn, of=ti)
-    locked = [r.id for r in conn.execute(lock)]
-    skipped = set(ids) - set(locked)
+    ours = sa.and_(
+        ti.c.id.in_(ids),
+        ti.c.worker_id == worker_id,
+        dialects.unindexed(conn, ti.c.state) == TaskState.RUNNING.value,
+    )
+    skipped: set[int] = set()
+    if dialects.locks_rejected_rows(conn):
+        # Find ours with a plain read (the last committed versions, no wait), then lock only
+        # those.
+        mine = [r.id for r in conn.execute(sa.select(ti.c.id).where(ours).order_by(ti.c.id))]
+        if not mine:
+            return set(), set()
+        lock = dialects.lock_for_claim(sa.select(ti.c.id).where(ti.c.id.in_(mine)).order_by(ti.c.id), conn)
+        locked = [r.id for r in conn.execute(lock)]
+        skipped = set(mine) - set(locked)
+    else:
+        # (SQLite: a plain read; its single writer lock serialises transactions.)
+        lock = dialects.lock_for_claim(sa.select(ti.c.id).where(ours).order_by(ti.c.id), conn, of=ti)
+        locked = [r.id for r in conn.execute(lock)]
+        if len(locked) < len(ids):
+            # Not locked: no longer ours, or ours but held by another transaction. A plain
+            # read (the last committed version, no wait) tells which.
+            rest = sa.select(ti.c.id).where(ours, ti.c.id.not_in(locked))
+            skipped = {r.id for r in conn.execute(rest)}
     if not locked:
         return set(), skipped
     stmt = (

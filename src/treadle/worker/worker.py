@@ -62,6 +62,10 @@ BUFFER_HORIZON_PASSES = 2
 #: ...and nothing when that is less than this share of one attempt (attempts that take more than
 #: twenty passes gain little from waiting at hand, and are better left to idle workers).
 MIN_BUFFERED_SHARE = 0.1
+#: A renewal that skipped rows another transaction held tries them again after this share of a
+#: heartbeat: such a hold lasts one transaction, and waiting a whole heartbeat would spend one
+#: of the few renewals a lease allows before the watchdog fences.
+SKIPPED_RETRY_SHARE = 0.1
 
 
 def sync_dag_folder(db: Database, folder: Path, *, file_limit_s: float) -> tuple[SyncReport, ParsedFolder]:
@@ -723,11 +727,13 @@ class Worker:
                 log.exception("run files sweep failed", extra={"event": "worker.run_files_error"})
 
     def _heartbeat_loop(self) -> None:
+        wait_s = self.settings.heartbeat_s
         while not self.closed.is_set():
-            self.beat_now.wait(self.settings.heartbeat_s)
+            self.beat_now.wait(wait_s)
             self.beat_now.clear()
             if not self.closed.is_set():
-                self._heartbeat_once()
+                skipped = self._heartbeat_once()
+                wait_s = self.settings.heartbeat_s * (SKIPPED_RETRY_SHARE if skipped else 1.0)
 
     def _held(self) -> tuple[list[tuple[int, int]], int]:
         """The attempts this worker holds (running, then buffered) and how many are buffered."""
@@ -738,9 +744,11 @@ class Worker:
             waiting = [(t.task_instance_id, t.attempt) for t in self.prefetched]
         return held + waiting, len(waiting)
 
-    def _heartbeat_once(self) -> None:
+    def _heartbeat_once(self) -> bool:
+        """Renew the held leases and report the worker's state; True if rows were skipped."""
         held, waiting = self._held()
         sent = time.monotonic()
+        skipped: set[int] = set()
         try:
             renewed, skipped = extend_leases(
                 self.heartbeat_db,
@@ -774,6 +782,7 @@ class Worker:
             )
         except Exception:
             log.exception("heartbeat failed", extra={"event": "worker.heartbeat_error"})
+        return bool(skipped)
 
     @property
     def state(self) -> str:
