@@ -727,13 +727,16 @@ class Worker:
                 log.exception("run files sweep failed", extra={"event": "worker.run_files_error"})
 
     def _heartbeat_loop(self) -> None:
-        wait_s = self.settings.heartbeat_s
+        # Beats start a heartbeat apart, however long each takes: counted from when the last one
+        # ended, slow renewals would drift later while the watchdog's deadline does not.
+        due = time.monotonic() + self.settings.heartbeat_s
         while not self.closed.is_set():
-            self.beat_now.wait(wait_s)
+            self.beat_now.wait(max(due - time.monotonic(), 0.0))
             self.beat_now.clear()
             if not self.closed.is_set():
+                began = time.monotonic()
                 skipped = self._heartbeat_once()
-                wait_s = self.settings.heartbeat_s * (SKIPPED_RETRY_SHARE if skipped else 1.0)
+                due = began + self.settings.heartbeat_s * (SKIPPED_RETRY_SHARE if skipped else 1.0)
 
     def _held(self) -> tuple[list[tuple[int, int]], int]:
         """The attempts this worker holds (running, then buffered) and how many are buffered."""
