@@ -11,6 +11,7 @@ Both on PostgreSQL and on MariaDB.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -202,3 +203,62 @@ def test_an_attempt_cancelled_in_the_prefetch_buffer_never_starts(
     assert "victim ran" not in events.read_text()
     [cancelled] = [a for a in detail.attempts if a.task_id == "victim"]
     assert (cancelled.outcome, cancelled.started_at) == ("cancelled", None)
+
+
+LONG_DAG = """
+    from __future__ import annotations
+
+    import os
+    import time
+
+    from treadle import dag, task
+
+    EVENTS = __EVENTS__
+    RELEASE = __RELEASE__
+
+
+    @task(retries=2, retry_delay=0)
+    def long() -> None:
+        with open(EVENTS, "a") as f:
+            f.write("started\\n")
+        end = time.monotonic() + 120
+        while not os.path.exists(RELEASE) and time.monotonic() < end:
+            time.sleep(0.05)
+
+
+    @dag(dag_id="held")
+    def held() -> None:
+        long()
+"""
+
+
+def test_a_row_held_briefly_by_another_transaction_does_not_fence_its_attempt(
+    server: tuple[str, int], cluster: Callable[..., Cluster]
+) -> None:
+    """A transaction that holds an attempt's row for a fraction of the trust window (a dispatch
+    pass, a scheduler pass, a cut-off worker's late renewal) makes a renewal skip the row; the
+    worker tries the row again soon after instead of a heartbeat later, so the attempt keeps
+    its lease. (Lease 6 s, heartbeat 2 s: the watchdog fences 4 s after the last renewal sent;
+    before, one skipped renewal and the next beat raced the watchdog.)"""
+    c = cluster(server[0], TREADLE_LEASE_SECONDS="6", TREADLE_HEARTBEAT_SECONDS="2")
+    events, release = c.root / "events.log", c.root / "release"
+    c.write_dag("held.py", LONG_DAG, events=str(events), release=str(release))
+    assert c.cli("dags", "sync").returncode == 0
+    c.start("scheduler", "scheduler")
+    c.worker("w1")
+    run_id = c.trigger("held")
+    wait_for(lambda: events.exists() and "started" in events.read_text(), timeout=60, message="the attempt")
+    [row_id] = [t.id for t in c.detail(run_id).task_instances]
+
+    for _ in range(4):  # each hold overlaps a beat half the time: four make a miss unlikely
+        with c.db.engine.connect() as other, other.begin():
+            other.execute(
+                sa.select(task_instances.c.id).where(task_instances.c.id == row_id).with_for_update()
+            ).all()
+            time.sleep(1.0)  # the hold itself is the scenario: a quarter of the trust window
+        time.sleep(1.0)
+
+    release.touch()
+    detail = c.wait_run(run_id, timeout=60)
+    assert [(a.attempt, a.outcome) for a in detail.attempts] == [(1, "success")]
+    assert "self-fenced" not in c.log("w1")
