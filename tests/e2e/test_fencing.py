@@ -3,6 +3,7 @@ the attempt it lost once it resumes: completion is fenced by worker id and attem
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -63,19 +64,43 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def _local_ports(pid: int) -> set[int]:
+    """Local TCP ports of `pid`'s sockets, from /proc: its database sessions' client ports."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def _pause_outside_transactions(c: Cluster, name: str) -> None:
     """SIGSTOP `name` at a moment it holds no open transaction (frozen inside one, its row locks
-    would stall the reaper until it resumes: a different scenario); retry otherwise."""
+    would stall the reaper until it resumes: a different scenario); retry otherwise. Only its
+    own sessions count: on a busy machine some other process's transaction is nearly always
+    open, and resuming the worker again and again would let the attempt finish unpaused."""
     open_transactions = (
-        "SELECT pid, xact_start FROM pg_stat_activity WHERE datname = current_database() "
+        "SELECT client_port, xact_start FROM pg_stat_activity WHERE datname = current_database() "
         "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
     )
     for _ in range(20):
         c.signal(name, signal.SIGSTOP)
+        ports = _local_ports(c.procs[name].pid)
         seen = []
         with c.db.engine.connect() as conn:
             for _ in range(3):
-                seen.append({tuple(r) for r in conn.exec_driver_sql(open_transactions)})
+                rows = conn.exec_driver_sql(open_transactions)
+                seen.append({tuple(r) for r in rows if r.client_port in ports})
                 time.sleep(0.05)
         if not set.intersection(*seen):
             return
