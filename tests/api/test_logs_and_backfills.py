@@ -74,7 +74,9 @@ def test_whole_characters_never_splits_a_utf8_character() -> None:
 
 
 def _backfill(hours_ago_from: int, hours_ago_to: int) -> dict[str, object]:
-    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    """A range of whole hours back from now, its ends at half past: never on ops_daily's 02:00,
+    so a range of N days holds N of its runs at any hour of the day."""
+    now = datetime.now(UTC).replace(minute=30, second=0, microsecond=0)
     return {
         "from_date": (now - timedelta(hours=hours_ago_from)).isoformat(),
         "to_date": (now - timedelta(hours=hours_ago_to)).isoformat(),
