@@ -18,7 +18,8 @@ from treadle.domain.states import AttemptOutcome
 from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, fail_attempt
 from treadle.engine.reaper import promote_due_retries, reap_expired_leases
-from treadle.store.database import Database
+from treadle.store import task_instances as ti_store
+from treadle.store.database import Database, db_now
 from treadle.store.tables import task_instances
 from treadle.testing import DagRunner
 
@@ -115,3 +116,18 @@ def test_the_reaper_passes_over_a_locked_row_and_takes_it_once_free(runner: DagR
         t.task_id: t.state for t in queries.run_detail(runner.db, by_task["held"].run_id).task_instances
     }
     assert states == {"held": "retry_wait", "retrying": "retry_wait"}
+
+
+def test_the_retry_promotion_locks_no_row_it_does_not_promote(runner: DagRunner) -> None:
+    """A promotion pass with nothing due leaves a running attempt's row free for the rest of
+    its transaction: its worker's renewal must not skip it (InnoDB's range scan reads, and
+    locked, the index entry just past the waiting states: a running row)."""
+    running = _claim_both(runner, lease_s=30)["held"]
+    other = Database(runner.db.url)
+    try:
+        with runner.db.engine.connect() as conn, conn.begin():
+            assert ti_store.promote_due_retries(conn, now=db_now(conn)) == 0
+            with other.engine.connect() as elsewhere, elsewhere.begin():
+                assert ti_store.lock_unless_held(elsewhere, running.task_instance_id)
+    finally:
+        other.dispose()

@@ -258,14 +258,21 @@ def limited_keys(conn: Connection, select: sa.Select[Any]) -> Any:
     """`select` (one key column, with a LIMIT) as the target list of an UPDATE on the same table.
 
     A subquery on other dialects. MySQL/MariaDB refuse both LIMIT inside IN (...) and a
-    subquery on the table being updated, so the keys are read first, locked as the UPDATE
-    would lock them, and passed as a list (the UPDATE keeps its own guard). Rows another
-    session holds are skipped, not waited for: InnoDB's locking read waits on every row it
-    scans, matching or not, so one row locked by a client cut off mid-transaction would stall
-    the whole pass until the server ends that transaction. A skipped row is taken next pass.
+    subquery on the table being updated, so the keys are read first and passed as a list (the
+    UPDATE keeps its own guard). They are read without locks, then locked by key, skipping
+    rows another session holds: InnoDB's locking read locks, or waits on, every row its scan
+    visits, matching or not (a range scan reads one entry past its range), so locking in the
+    first read would hold rows this pass never changes, such as a running attempt whose
+    worker then skips its lease renewal, and one row locked by a client cut off mid-transaction
+    would stall the whole pass. A skipped row is taken next pass.
     """
     if conn.dialect.name == "mysql":
-        return list(conn.execute(select.with_for_update(skip_locked=True)).scalars())
+        keys = list(conn.execute(select).scalars())
+        if not keys:
+            return keys
+        [column] = select.selected_columns
+        by_key = sa.select(column).where(column.in_(keys)).with_for_update(skip_locked=True)
+        return list(conn.execute(by_key).scalars())
     return select.scalar_subquery()
 
 
