@@ -16,6 +16,7 @@ from treadle.domain.states import AttemptOutcome
 from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, complete_attempt, extend_leases, fail_attempt
 from treadle.engine.reaper import promote_due_retries, reap_expired_leases
+from treadle.store import task_instances as ti_store
 from treadle.store.database import db_now
 from treadle.store.tables import task_instances
 from treadle.testing import DagRunner
@@ -146,8 +147,6 @@ def test_a_stale_workers_renewal_leaves_the_row_of_the_attempt_that_replaced_its
 ) -> None:
     if runner.db.is_sqlite:
         pytest.skip("SQLite has no row locks: its writer lock serialises the two")
-    from treadle.store import task_instances as ti_store
-
     runner.trigger()
     [held] = _claim(runner, "w2", lease_s=30)
     pair = (held.task_instance_id, held.attempt)
