@@ -23,7 +23,7 @@ from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
 from treadle.domain.records import RunInfo
 from treadle.domain.urls import DatabaseUrl, parse_database_url
 from treadle.errors import ConfigError, DatabaseUnavailable
-from treadle.store import audit, dialects, wakeups
+from treadle.store import audit, dialects, tables, wakeups
 
 log = logging.getLogger("treadle.store")
 T = TypeVar("T")
@@ -154,6 +154,7 @@ class Database:
         self.statement_timeout_s = statement_timeout_s
         self.engine: Engine = _create_engine(self.url, application_name, pool_size, statement_timeout_s)
         self.dialect = self.engine.dialect.name
+        tables.bind_dialect(self.dialect)
         #: DAG version id -> version; versions are immutable, so this never goes stale.
         self.version_cache: dict[int, DagVersion] = {}
         #: Run id -> run, read by claims only for fields fixed at creation (version, date, conf).

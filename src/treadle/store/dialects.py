@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.store.tables import UTCDateTime
+from treadle.store.tables import JSONDocument, UTCDateTime
 
 SelectT = TypeVar("SelectT", bound=sa.Select[Any])
 T = TypeVar("T")
@@ -394,7 +394,7 @@ def insert_many(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]
     from psycopg.types.json import Jsonb
 
     columns = list(rows[0])
-    as_json = [isinstance(table.c[c].type, sa.JSON) for c in columns]
+    as_json = [isinstance(table.c[c].type, JSONDocument | sa.JSON) for c in columns]
     quote = conn.dialect.identifier_preparer.quote
     sql = (
         f"INSERT INTO {quote(table.name)} ({', '.join(quote(c) for c in columns)}) "

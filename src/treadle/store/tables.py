@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
@@ -48,13 +48,42 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
-JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+class JSONDocument(sa.TypeDecorator[Any]):
+    """JSON on every dialect, stored as JSONB on PostgreSQL.
+
+    A decorator rather than `JSON().with_variant(JSONB(), "postgresql")`: the variant needs the
+    PostgreSQL dialect package at import, and a command on SQLite should not load it.
+    """
+
+    impl = sa.JSON()
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(self.impl)
+
+
+JSONType = JSONDocument()
 ID = sa.String(250)
 #: Seconds as a double: MySQL's plain FLOAT is single precision (0.1 would read 0.100000001).
 Seconds = sa.Float().with_variant(sa.Double(asdecimal=False), "mysql")
 #: MySQL tables compare text case- and accent-sensitively, as SQLite and PostgreSQL do: with
 #: the server's default *_ci collation, dag ids `ETL` and `etl` would be one key.
 MYSQL_OPTIONS: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+#: The `info` key under which a table or index keeps options only one dialect's DDL reads,
+#: as {dialect: {option: value}}. SQLAlchemy loads a dialect's package to check options named
+#: after it (`mysql_charset`, `postgresql_where`), so they are attached only when a database of
+#: that dialect is opened (`bind_dialect`), not at import.
+DIALECT_OPTIONS = "treadle_dialect_options"
+
+
+def _mysql_text() -> dict[str, Any]:
+    """A table's `info` giving it MYSQL_OPTIONS on MySQL."""
+    return {DIALECT_OPTIONS: {"mysql": {k.removeprefix("mysql_"): v for k, v in MYSQL_OPTIONS.items()}}}
+
 
 dags = sa.Table(
     "dags",
@@ -73,7 +102,7 @@ dags = sa.Table(
     #: The team that owns the DAG (`@dag(team=...)`): roles are granted per team.
     sa.Column("team", ID, nullable=False, server_default="default"),
     sa.Index(None, "team"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 dag_versions = sa.Table(
@@ -85,7 +114,7 @@ dag_versions = sa.Table(
     sa.Column("structure", JSONType, nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.UniqueConstraint("dag_id", "version_hash"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 dag_load_errors = sa.Table(
@@ -96,7 +125,7 @@ dag_load_errors = sa.Table(
     sa.Column("message", sa.Text, nullable=False),
     sa.Column("traceback", sa.Text, nullable=False),
     sa.Column("recorded_at", UTCDateTime, nullable=False),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 dag_runs = sa.Table(
@@ -134,7 +163,7 @@ dag_runs = sa.Table(
     sa.Index(None, "dag_id", "created_at"),
     sa.Index(None, "created_at"),
     sa.Index(None, "ended_at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 task_instances = sa.Table(
@@ -193,7 +222,7 @@ task_instances = sa.Table(
     sa.Index(None, "dag_id", "state"),
     sa.Index(None, "state", "dispatch_deadline"),
     sa.Index(None, "state", "timeout_at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: The claim reads queued rows in claim order and stops at its limit: an index in exactly that
@@ -206,8 +235,12 @@ sa.Index(
     task_instances.c.priority_weight.desc(),
     task_instances.c.queued_at,
     task_instances.c.id,
-    postgresql_where=task_instances.c.state == "queued",
-    sqlite_where=task_instances.c.state == "queued",
+    info={
+        DIALECT_OPTIONS: {
+            "postgresql": {"where": task_instances.c.state == "queued"},
+            "sqlite": {"where": task_instances.c.state == "queued"},
+        }
+    },
 )
 
 task_attempts = sa.Table(
@@ -248,7 +281,7 @@ task_attempts = sa.Table(
     sa.UniqueConstraint("task_instance_id", "attempt"),
     sa.Index(None, "run_id"),
     sa.Index(None, "ended_at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: The element each mapped task instance runs with (its argument), written at expansion.
@@ -259,7 +292,7 @@ task_map_items = sa.Table(
     sa.Column("task_id", ID, primary_key=True),
     sa.Column("map_index", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("value", JSONType, nullable=True),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 task_results = sa.Table(
     "task_results",
@@ -271,7 +304,7 @@ task_results = sa.Table(
     sa.Column("size_bytes", sa.Integer, nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Index(None, "run_id", "task_id"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 workers = sa.Table(
@@ -289,7 +322,7 @@ workers = sa.Table(
     sa.Column("state", sa.String(20), nullable=False),
     sa.Column("started_at", UTCDateTime, nullable=False),
     sa.Column("last_heartbeat_at", UTCDateTime, nullable=False),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 pools = sa.Table(
@@ -300,7 +333,7 @@ pools = sa.Table(
     sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("updated_at", UTCDateTime, nullable=False),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Submitted external jobs whose cancel is still owed: a cancelled or timed-out submit-then-poll
@@ -328,7 +361,7 @@ job_cancellations = sa.Table(
     sa.Column("error", sa.Text, nullable=True),
     sa.Index(None, "done_at", "queue", "next_try_at"),
     sa.Index(None, "run_id"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Append-only record of who asked for what (cancellations, requeues, pool changes).
@@ -345,7 +378,7 @@ audit_log = sa.Table(
     sa.Column("address", sa.String(100), nullable=True),
     sa.Index(None, "at"),
     sa.Index(None, "actor", "at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Teams own DAGs; users hold a role per team (the team `*` means every team).
@@ -355,7 +388,7 @@ teams = sa.Table(
     sa.Column("name", ID, primary_key=True),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.Column("created_at", UTCDateTime, nullable=False),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: People (and automation owners) who may call the API; passwords hashed with argon2.
@@ -375,7 +408,7 @@ users = sa.Table(
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("updated_at", UTCDateTime, nullable=False),
     sa.UniqueConstraint("username"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: A user's role in one team (`admin`, `operator`, `viewer`).
@@ -386,7 +419,7 @@ team_memberships = sa.Table(
     sa.Column("team", ID, primary_key=True),
     sa.Column("role", sa.String(20), nullable=False),
     sa.Index(None, "team"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: API tokens: only the sha256 of the secret is stored; scoped to one team and role.
@@ -404,7 +437,7 @@ api_tokens = sa.Table(
     sa.Column("revoked_at", UTCDateTime, nullable=True),
     sa.UniqueConstraint("token_hash"),
     sa.Index(None, "user_id"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 
@@ -423,7 +456,7 @@ schedules = sa.Table(
     sa.Column("next_fire_at", UTCDateTime, nullable=True),
     sa.Column("updated_at", UTCDateTime, nullable=False),
     sa.Index(None, "next_fire_at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Named leases measured on the database clock; `scheduler` elects the leader.
@@ -437,7 +470,7 @@ leases = sa.Table(
     sa.Column("acquired_at", UTCDateTime, nullable=True),
     sa.Column("renewed_at", UTCDateTime, nullable=True),
     sa.Column("expires_at", UTCDateTime, nullable=True),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: A request to run a DAG over a range of past intervals, drained by the leader.
@@ -469,7 +502,7 @@ backfills = sa.Table(
     sa.Column("ended_at", UTCDateTime, nullable=True),
     sa.Index(None, "state"),
     sa.Index(None, "dag_id", "created_at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: A dataset (asset) some task declares as an outlet.
@@ -480,7 +513,7 @@ datasets = sa.Table(
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("last_event_id", sa.BigInteger, nullable=True),
     sa.Column("last_event_at", UTCDateTime, nullable=True),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: The team that owns each dataset (only its DAGs, and granted teams' DAGs, may emit to it).
@@ -491,7 +524,7 @@ dataset_owners = sa.Table(
     sa.Column("team", ID, nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("created_by", sa.String(250), nullable=False),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Teams other than the owner whose DAGs may emit to a dataset.
@@ -502,7 +535,7 @@ dataset_grants = sa.Table(
     sa.Column("team", ID, primary_key=True),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("created_by", sa.String(250), nullable=False),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Append-only: one row per successful producing task (its run, optional version and metadata).
@@ -518,7 +551,7 @@ dataset_events = sa.Table(
     sa.Column("extra", JSONType, nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Index(None, "dataset", "id"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Per dataset-scheduled DAG and dataset: the newest event its runs have consumed.
@@ -528,7 +561,7 @@ dataset_consumers = sa.Table(
     sa.Column("dag_id", ID, primary_key=True),
     sa.Column("dataset", sa.String(500), primary_key=True),
     sa.Column("last_event_id", sa.BigInteger, nullable=False, server_default="0"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Side effects that leave the system (dataset events, dead-letter alerts), written in the
@@ -544,7 +577,7 @@ freshness_alerts = sa.Table(
     #: The newest event's time (ISO 8601) the miss is about.
     sa.Column("period", sa.String(64), nullable=False),
     sa.Column("alerted_at", UTCDateTime, nullable=False),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 
@@ -564,7 +597,7 @@ alert_firings = sa.Table(
     sa.Column("disposition", sa.String(16), nullable=False),
     sa.Column("fired_at", UTCDateTime, nullable=False),
     sa.Index(None, "rule", "subject", "fired_at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 
@@ -587,7 +620,7 @@ outbox = sa.Table(
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("delivered_at", UTCDateTime, nullable=True),
     sa.Index(None, "state", "next_attempt_at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
 
 #: Idempotency-Key claims of the API (0015): one row per (caller, route, key), written in the
@@ -609,5 +642,24 @@ idempotency_keys = sa.Table(
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("expires_at", UTCDateTime, nullable=False),
     sa.Index(None, "expires_at"),
-    **MYSQL_OPTIONS,
+    info=_mysql_text(),
 )
+
+
+_bound_dialects: set[str] = set()
+_bind_lock = threading.Lock()
+
+
+def bind_dialect(name: str) -> None:
+    """Attach the options that only dialect `name`'s DDL reads (DIALECT_OPTIONS) to the tables
+    and indexes that declare them; the drift check, autogenerate and `db upgrade --sql` see
+    them from then on. Called by whatever opens a database of that dialect; idempotent."""
+    with _bind_lock:
+        if name in _bound_dialects:
+            return
+        for table in metadata.tables.values():
+            items: tuple[sa.Table | sa.Index, ...] = (table, *table.indexes)
+            for item in items:
+                for key, value in item.info.get(DIALECT_OPTIONS, {}).get(name, {}).items():
+                    item.dialect_kwargs[f"{name}_{key}"] = value
+        _bound_dialects.add(name)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from alembic import context
 
-from treadle.store.tables import metadata
+from treadle.store.tables import bind_dialect, metadata
 
 if context.is_offline_mode():
     dialect_name = context.config.attributes["dialect_name"]
+    bind_dialect(dialect_name)
     context.configure(
         dialect_name=dialect_name,
         target_metadata=metadata,
@@ -19,6 +20,7 @@ if context.is_offline_mode():
     )
 else:
     connection = context.config.attributes["connection"]
+    bind_dialect(connection.dialect.name)
     context.configure(
         connection=connection,
         target_metadata=metadata,
