@@ -136,8 +136,9 @@ def test_reading_runs_imports_no_alembic(tmp_path: Path) -> None:
         "try:\n"
         "    main()\n"
         "finally:\n"
-        "    print(sorted(m for m in ('alembic', 'rich', 'jsonschema', 'fastapi', 'psycopg')"
-        " if m in sys.modules), file=sys.stderr)\n"
+        "    print(sorted(m for m in ('alembic', 'rich', 'jsonschema', 'fastapi', 'psycopg',"
+        " 'sqlalchemy.dialects.postgresql', 'sqlalchemy.dialects.mysql') if m in sys.modules),"
+        " file=sys.stderr)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe, "runs", "list", "--json"],
@@ -150,3 +151,24 @@ def test_reading_runs_imports_no_alembic(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
     assert done.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_dialect_only_options_reach_the_ddl_of_their_dialect(db: Database) -> None:
+    """Attached when a database of the dialect opens (`tables.bind_dialect`), not at import: the
+    claim index is partial where the dialect allows, MariaDB tables compare ids byte for byte,
+    JSON is JSONB on PostgreSQL."""
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    from treadle.store import tables
+
+    dialect = db.engine.dialect
+    claim = next(i for i in tables.task_instances.indexes if i.name == "ix_task_instances_claim_order")
+    index_ddl = str(CreateIndex(claim).compile(dialect=dialect))
+    runs_ddl = str(CreateTable(tables.dag_runs).compile(dialect=dialect))
+    if db.dialect == "mysql":
+        assert "WHERE" not in index_ddl
+        assert "utf8mb4_bin" in runs_ddl
+    else:
+        assert "WHERE" in index_ddl and "queued" in index_ddl, index_ddl
+        assert "utf8mb4" not in runs_ddl
+    assert ("JSONB" in runs_ddl) == (db.dialect == "postgresql"), runs_ddl
