@@ -54,7 +54,8 @@ def cheap_password_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     """argon2 at its smallest cost: the tests hash dozens of passwords on a busy machine."""
     from argon2 import PasswordHasher
 
-    monkeypatch.setattr(accounts, "_hasher", PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1))
+    cheap = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+    monkeypatch.setattr(accounts, "_hasher", lambda: cheap)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

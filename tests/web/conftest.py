@@ -49,7 +49,8 @@ def cheap_password_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     """argon2 at its smallest cost in this process (the tests sign in many times)."""
     from argon2 import PasswordHasher
 
-    monkeypatch.setattr(accounts, "_hasher", PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1))
+    cheap = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+    monkeypatch.setattr(accounts, "_hasher", lambda: cheap)
 
 
 @dataclass

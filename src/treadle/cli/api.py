@@ -10,6 +10,7 @@ import click
 from treadle.cli.main import Context, cli, pass_context, require_schema
 from treadle.engine import accounts
 from treadle.errors import ConfigError
+from treadle.extras import require_web
 from treadle.observability.logging import configure_logging
 from treadle.store.database import Database
 
@@ -33,10 +34,10 @@ def api_cmd(ctx: Context, host: str, port: int, log_level: str) -> None:
     non-loopback address, or on a database other machines share, it refuses to start without
     a strong TREADLE_SECRET_KEY or while that password is unchanged.
     """
-    import uvicorn
-
     configure_logging(log_level, log_format=ctx.settings.log_format)
     app = build_app(ctx, host=host)
+    import uvicorn
+
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, server_header=False)
     click.echo(f"treadle api: serving http://{host}:{port}/ (API at /api/v1, docs at /api/v1/docs)", err=True)
     uvicorn.Server(config).run()
@@ -44,6 +45,7 @@ def api_cmd(ctx: Context, host: str, port: int, log_level: str) -> None:
 
 def build_app(ctx: Context, *, host: str, metrics: Metrics | None = None) -> FastAPI:
     """Open the database, bootstrap the admin, refuse an unsafe start; the app to serve."""
+    require_web("serving the REST API and web UI")
     # Imported here, so the other commands do not pay for FastAPI at every start.
     from treadle.api.app import create_app
     from treadle.api.settings import (

@@ -12,9 +12,8 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from argon2 import PasswordHasher
-from argon2.exceptions import InvalidHashError, VerificationError
 from sqlalchemy.engine import Connection
 
 from treadle.domain.access import (
@@ -36,15 +35,30 @@ from treadle.errors import (
     PermissionDenied,
     TooManyAttempts,
 )
+from treadle.extras import require_web
 from treadle.store import audit
 from treadle.store import users as user_store
 from treadle.store.database import Database, db_now
+
+if TYPE_CHECKING:
+    from argon2 import PasswordHasher
 
 #: The user the first start creates.
 BOOTSTRAP_ADMIN = "admin"
 #: Token secrets start with this, so a leaked one is easy to recognise (and to scan for).
 TOKEN_PREFIX = "trd_"
-_hasher = PasswordHasher()
+
+
+@functools.cache
+def _hasher() -> PasswordHasher:
+    """argon2's hasher, loaded at first use: the worker, the scheduler and the read commands
+    never hash a password, and argon2-cffi comes with the `web` extra."""
+    require_web("hashing a password (argon2)")
+    from argon2 import PasswordHasher
+
+    return PasswordHasher()
+
+
 #: How long a token's principal is reused without reading the database again. A token revoked,
 #: or a user disabled or demoted, by another process is refused within this; by this process
 #: (every account change goes through this module) at once.
@@ -59,7 +73,7 @@ def _dummy_hash() -> str:
 
     Made at first use, not at import: every CLI command imports this module.
     """
-    return _hasher.hash(secrets.token_urlsafe(16))
+    return _hasher().hash(secrets.token_urlsafe(16))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +95,7 @@ class Caller:
 
 def hash_password(password: str) -> str:
     """The argon2 hash of a password."""
-    return _hasher.hash(password)
+    return _hasher().hash(password)
 
 
 def hash_token(secret: str) -> str:
@@ -290,8 +304,11 @@ def set_password(
 
 
 def _verify(password_hash: str, password: str) -> bool:
+    hasher = _hasher()
+    from argon2.exceptions import InvalidHashError, VerificationError
+
     try:
-        return _hasher.verify(password_hash, password)
+        return hasher.verify(password_hash, password)
     except (VerificationError, InvalidHashError):
         return False
 
