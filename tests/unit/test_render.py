@@ -65,6 +65,17 @@ def test_columns_keep_their_natural_width_while_they_fit_and_the_widest_are_narr
     assert fit_widths([5, 5], 1) == [1, 1]
 
 
+def test_a_narrowed_column_keeps_its_longest_word_whole_while_the_floors_fit() -> None:
+    assert fit_widths([10, 30, 40], 46) == [10, 18, 18]
+    assert fit_widths([10, 30, 40], 46, floors=[10, 14, 20]) == [10, 16, 20]
+    assert fit_widths([10, 30, 40], 40, floors=[10, 14, 20]) == [10, 15, 15]  # they do not fit
+    text = format_table("t", ["zone", "note"], [("Asia/Singapore", " ".join(["word"] * 10))], width=20)
+    lines = text.splitlines()[3:]
+    assert (
+        lines[:2] == ["Asia/Singapore  word", "                word"] and len(lines) == 10
+    )  # not "Asia/Sing"
+
+
 def test_the_widths_are_those_of_characters_not_bytes() -> None:
     text = format_table("Café", ["naïve", "n"], [("日本語", 1), ("é", 2)], width=80)
     assert text.splitlines() == ["Café", "naïve  n", "-----  -", "日本語    1", "é      2"]

@@ -79,32 +79,43 @@ def fold(text: str, width: int) -> list[str]:
     return lines
 
 
-def fit_widths(natural: Sequence[int], available: int) -> list[int]:
-    """Column widths summing to at most `available` (at least 1 each): the narrow columns keep
-    their natural width and the widest are narrowed to one shared cap."""
+def fit_widths(natural: Sequence[int], available: int, floors: Sequence[int] | None = None) -> list[int]:
+    """Column widths summing to at most `available`: every column its natural width when they
+    all fit; otherwise the narrow columns keep theirs and the widest are narrowed to one shared
+    cap, but none below its floor (its longest word, so that words stay whole) while the floors
+    fit, and none below 1 when they do not."""
     if sum(natural) <= available:
         return list(natural)
     if available <= len(natural):
         return [1] * len(natural)
-    # The largest cap c with sum(min(w, c)) <= available; what remains goes to the capped columns.
-    remaining, left = available, len(natural)
-    cap = 1
-    for w in sorted(natural):
-        share = remaining // left
-        if w > share:
-            cap = share
-            break
-        remaining -= w
-        left -= 1
-    widths = [min(w, cap) for w in natural]
+    lows = [max(1, min(f, n)) for f, n in zip(floors, natural, strict=True)] if floors else [1] * len(natural)
+    if sum(lows) > available:
+        lows = [1] * len(natural)
+
+    def total(cap: int) -> int:
+        return sum(max(lo, min(n, cap)) for lo, n in zip(lows, natural, strict=True))
+
+    low, high = 1, max(natural)  # total(low) <= available < total(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if total(middle) <= available else (low, middle)
+    widths = [max(lo, min(n, low)) for lo, n in zip(lows, natural, strict=True)]
     spare = available - sum(widths)
-    for i, w in enumerate(natural):
+    for i, n in enumerate(natural):  # fewer than the columns at the cap: one more each, in order
         if spare == 0:
             break
-        if w > widths[i]:
+        if widths[i] == low < n:
             widths[i] += 1
             spare -= 1
     return widths
+
+
+#: Words longer than this may be broken to make room for the other columns.
+LONGEST_WHOLE_WORD = 20
+
+
+def _longest_word(text: str) -> int:
+    return max((len(word) for word in text.split()), default=0)
 
 
 def _width(text: str) -> int:
@@ -124,7 +135,11 @@ def format_table(
     shown as `-`, and the columns numbered in `right` are aligned to the right."""
     cells = [["-" if v is None else str(v) for v in row] for row in rows]
     natural = [max(1, _width(c), *(_width(r[i]) for r in cells if i < len(r))) for i, c in enumerate(columns)]
-    widths = fit_widths(natural, width - len(GAP) * (len(columns) - 1))
+    floors = [
+        min(LONGEST_WHOLE_WORD, max(1, _longest_word(c), *(_longest_word(r[i]) for r in cells if i < len(r))))
+        for i, c in enumerate(columns)
+    ]
+    widths = fit_widths(natural, width - len(GAP) * (len(columns) - 1), floors)
 
     def lines_of(row: Sequence[str]) -> list[str]:
         folded = [fold(row[i] if i < len(row) else "", w) for i, w in enumerate(widths)]
