@@ -54,6 +54,7 @@ def test_folding_breaks_at_the_last_space_that_fits_and_inside_longer_words() ->
     assert fold("the quick brown fox", 10) == ["the quick", "brown fox"]
     assert fold("abcdefghij klm", 4) == ["abcd", "efgh", "ij", "klm"]
     assert fold("two\nlines", 10) == ["two", "lines"]
+    assert fold("crlf\r\nand\ttab", 10) == ["crlf", "and tab"]
     assert fold("", 5) == [""]
 
 

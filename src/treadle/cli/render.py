@@ -61,12 +61,17 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of a cell, tabs expanded (a cell of no characters is one empty line)."""
+    return text.expandtabs(4).splitlines() or [""]
+
+
 def fold(text: str, width: int) -> list[str]:
     """The lines of `text` at most `width` characters long: broken at the last space that fits,
     or inside a word longer than `width` (nothing is cut off)."""
     width = max(width, 1)
     lines: list[str] = []
-    for line in text.split("\n"):
+    for line in _lines(text):
         while len(line) > width:
             cut = line.rfind(" ", 1, width + 1)
             if cut > 0:
@@ -119,7 +124,7 @@ def _longest_word(text: str) -> int:
 
 
 def _width(text: str) -> int:
-    return max(len(line) for line in text.split("\n"))
+    return max(len(line) for line in _lines(text))
 
 
 def format_table(
