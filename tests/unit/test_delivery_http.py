@@ -43,16 +43,17 @@ class Server:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
+                # The answer is read once: the test may change it as soon as the client has one.
+                status, answer, delay_s, close = owner.status, owner.body, owner.delay_s, owner.close_after
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 owner.requests.append((self.path, dict(self.headers), body))
                 owner.ports.add(self.client_address[1])
-                time.sleep(owner.delay_s)
-                self.send_response(owner.status)
-                self.send_header("Content-Length", str(len(owner.body)))
+                time.sleep(delay_s)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(owner.body)
-                if owner.close_after:
-                    self.close_connection = True
+                self.wfile.write(answer)
+                self.close_connection = close  # without saying so: the client finds out on its next post
 
             def log_message(self, *args: Any) -> None:
                 pass
