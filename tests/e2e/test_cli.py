@@ -60,7 +60,7 @@ def test_cli_smoke(sqlite_url: str, cluster: Callable[..., Cluster]) -> None:
     assert '"title": "weekly"' in out
     assert "Task instances" in out and "Attempts" in out
     for task_id in ("extract", "summarise", "publish"):
-        line = next(line for line in out.splitlines() if f" {task_id} " in line)
+        line = next(line for line in out.splitlines() if line.startswith(f"{task_id} "))
         assert "success" in line, line
     assert '"weekly: 4 rows, total 6"' in out
     assert "Traceback" not in out + shown.stderr

@@ -3,6 +3,9 @@ their run."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -74,6 +77,55 @@ def test_a_bad_artifacts_url_is_a_config_error_naming_the_setting(tmp_path: Path
         Settings.from_env({"TREADLE_HOME": str(tmp_path), "TREADLE_ARTIFACTS_URL": "nosuchfs://x"})
     ok = Settings.from_env({"TREADLE_HOME": str(tmp_path), "TREADLE_ARTIFACTS_URL": "memory://x"})
     assert ok.artifacts_url == "memory://x"
+
+
+def test_without_fsspec_local_artifacts_work_and_a_url_names_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "fsspec", None)  # what `import fsspec` finds when not installed
+    arts = Artifacts(run_id="r1", task_id="t", home=tmp_path)
+    assert arts.get(arts.put("a", b"1")) == b"1"
+    assert delete_run_files(tmp_path, ["r1"]) == 1
+    env = {"TREADLE_HOME": str(tmp_path)}
+    wanted = {
+        "s3://bucket/treadle": "pip install 'treadle[artifacts]' s3fs",
+        "gs://bucket/treadle": "pip install 'treadle[artifacts]' gcsfs",
+        "file:///mnt/shared": "pip install 'treadle[artifacts]'",
+        "webdav://host/x": "pip install 'treadle[artifacts]' and the fsspec filesystem package for webdav://",
+    }
+    for url, hint in wanted.items():
+        with pytest.raises(ConfigError) as error:
+            Settings.from_env({**env, "TREADLE_ARTIFACTS_URL": url})
+        scheme = url.split(":", 1)[0]
+        assert str(error.value) == (
+            f"TREADLE_ARTIFACTS_URL is set (scheme {scheme}://), but fsspec is not installed: {hint}"
+        )
+    with pytest.raises(
+        ConfigError, match=r"fsspec is not installed: pip install 'treadle\[artifacts\]' s3fs"
+    ):
+        Artifacts(run_id="r1", task_id="t", home=tmp_path, url="s3://bucket/treadle").put("a", b"1")
+
+
+def test_a_command_without_fsspec_refuses_an_artifacts_url_naming_what_to_install(tmp_path: Path) -> None:
+    probe = "import sys\nsys.modules['fsspec'] = None\nfrom treadle.cli.main import main\nmain()\n"
+    env = {
+        "TREADLE_HOME": str(tmp_path),
+        "TREADLE_ARTIFACTS_URL": "s3://bucket/treadle",
+        "PATH": "/usr/bin:/bin",
+    }
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "dags", "list"],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "fsspec is not installed: pip install 'treadle[artifacts]' s3fs" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @task

@@ -15,6 +15,10 @@ artifacts/TASK_ID/NAME` (one host: standalone, or workers sharing a disk); with
 `TREADLE_ARTIFACTS_URL` set to any fsspec URL (`s3://bucket/treadle`, `gs://...`,
 `file:///mnt/shared/treadle`, `memory://` in tests) they live there, under `RUN_ID/TASK_ID/NAME`.
 Artifacts are scoped per run: retention deletes a run's artifacts with the run.
+
+The local disk needs nothing more; a URL needs fsspec, which comes with the `artifacts` extra
+(`pip install 'treadle[artifacts]'`), and the filesystem package of its scheme (s3fs for s3://,
+gcsfs for gs://, adlfs for az://).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from treadle.domain.identifiers import is_identifier
+from treadle.errors import ConfigError
 
 #: Environment variable naming the artifacts location (an fsspec URL); unset: the local disk.
 ARTIFACTS_URL_ENV = "TREADLE_ARTIFACTS_URL"
@@ -36,9 +41,43 @@ def run_folder(home: Path, run_id: str) -> Path:
     return home / "runs" / run_id
 
 
+#: The filesystem package of the common remote schemes (fsspec itself names the others).
+FILESYSTEM_PACKAGES = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+}
+
+#: Schemes fsspec serves by itself.
+BUILT_IN = ("file", "local", "memory")
+
+
+def fsspec_missing(protocol: str) -> str:
+    """What to install when an artifacts URL of `protocol` is set and fsspec is not installed."""
+    package = FILESYSTEM_PACKAGES.get(protocol)
+    if package is not None:
+        wanted = f"pip install 'treadle[artifacts]' {package}"
+    elif protocol in BUILT_IN:
+        wanted = "pip install 'treadle[artifacts]'"
+    else:
+        wanted = f"pip install 'treadle[artifacts]' and the fsspec filesystem package for {protocol}://"
+    return f"{ARTIFACTS_URL_ENV} is set (scheme {protocol}://), but fsspec is not installed: {wanted}"
+
+
+def _protocol(url: str) -> str:
+    return url.split("://", 1)[0]
+
+
 def _filesystem(url: str) -> tuple[Any, str]:
     """The fsspec filesystem of `url` and the path inside it (Any: fsspec is untyped)."""
-    import fsspec
+    try:
+        import fsspec
+    except ImportError:
+        raise ConfigError(fsspec_missing(_protocol(url))) from None
 
     fs, _, paths = fsspec.get_fs_token_paths(url)
     return fs, str(paths[0]).rstrip("/")
@@ -51,10 +90,12 @@ def check_artifacts_url(url: str) -> str | None:
             f"{ARTIFACTS_URL_ENV} must be an fsspec URL such as s3://bucket/prefix or file:///path, "
             f"got {url!r}"
         )
-    protocol = url.split("://", 1)[0]
+    protocol = _protocol(url)
     try:
         import fsspec
-
+    except ImportError:
+        return fsspec_missing(protocol)
+    try:
         fsspec.get_filesystem_class(protocol)
     except (ImportError, ValueError) as exc:
         return f"{ARTIFACTS_URL_ENV}: no filesystem for {protocol!r} ({exc})"

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from treadle.cli.main import Context, cli, identity, pass_context
-from treadle.cli.render import console, emit_json, fmt_time, table, to_jsonable
+from treadle.cli.render import StatusLine, bar, emit_json, fmt_elapsed, fmt_time, table, to_jsonable
 from treadle.domain.backfill_plan import MODES, BackfillPlan
 from treadle.engine import backfill_actions as engine
 from treadle.errors import InvalidRequest
@@ -156,33 +156,32 @@ def _counts(s: engine.BackfillStatus) -> str:
     return f"{s.runs_success} success, {s.runs_failed} failed, {s.runs_active} active, {s.skipped} skipped"
 
 
-def _watch(ctx: Context, backfill_id: int, total: int) -> None:
-    """Show a progress bar until the backfill is done, paused or cancelled; Ctrl-C stops watching."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _progress(backfill_id: int, s: engine.BackfillStatus, total: int) -> str:
+    fraction = s.completed / total if total else 1.0
+    return f"backfill {backfill_id} {bar(fraction)} {fraction:4.0%} {s.completed}/{total} {_counts(s)}"
 
+
+def _watch(ctx: Context, backfill_id: int, total: int) -> None:
+    """Show the progress until the backfill is done, paused or cancelled (one line redrawn on a
+    terminal, a line per change elsewhere); Ctrl-C stops watching."""
     status: engine.BackfillStatus | None = None
+    line = StatusLine()
+    started = time.monotonic()
     try:
-        with Progress(
-            TextColumn(f"backfill {backfill_id}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[counts]}"),
-            TimeElapsedColumn(),
-            console=console(),
-        ) as progress:
-            bar = progress.add_task("backfill", total=total, counts="waiting for the scheduler")
-            while True:
-                status = engine.get_backfill(ctx.db, backfill_id).status
-                progress.update(bar, completed=status.completed, counts=_counts(status))
-                if status.backfill.state in ("done", "paused", "cancelled"):
-                    break
-                time.sleep(POLL_S)
+        while True:
+            status = engine.get_backfill(ctx.db, backfill_id).status
+            line.show(_progress(backfill_id, status, total), fmt_elapsed(time.monotonic() - started))
+            if status.backfill.state in ("done", "paused", "cancelled"):
+                break
+            time.sleep(POLL_S)
     except KeyboardInterrupt:
+        line.end()
         click.echo(
             f"stopped watching; backfill {backfill_id} goes on. Watch it: treadle backfills show "
             f"{backfill_id}; cancel it: treadle backfills cancel {backfill_id}"
         )
         return
+    line.end()
     assert status is not None
     click.echo(f"backfill {backfill_id} {status.backfill.state}: {_counts(status)}")
 

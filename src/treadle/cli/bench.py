@@ -8,10 +8,9 @@ from pathlib import Path
 from types import FrameType
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from treadle.cli.main import cli
+from treadle.cli.render import log_line, table
 from treadle.errors import InvalidRequest
 
 
@@ -129,7 +128,6 @@ def bench(
     from treadle.bench.report import sections
     from treadle.bench.runner import run_bench
 
-    console = Console(stderr=True)
     options = BenchOptions(
         database=database,
         slots=slots,
@@ -147,7 +145,7 @@ def bench(
         failovers=failovers,
         burst=burst,
         burst_every_s=burst_every,
-        progress=lambda what: console.log(what),
+        progress=log_line,
     )
     # SIGTERM unwinds like Ctrl-C, so every process the bench started is stopped and its
     # temporary database dropped.
@@ -160,9 +158,9 @@ def bench(
         signal.signal(signal.SIGTERM, previous)
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2))
-    out = Console()
     for section in sections(result):
-        out.print(_table(section.title, section.columns, section.rows))
+        # The first column names what was measured; the figures are aligned to the right.
+        table(section.title, section.columns, section.rows, right=range(1, len(section.columns)))
     if result["errors"]:
         failed = "; ".join(f"{name}: {error}" for name, error in result["errors"].items())
         raise click.ClickException(f"{len(result['errors'])} workload(s) failed: {failed}")
@@ -170,12 +168,3 @@ def bench(
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
-
-
-def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
-    table = Table(title=title)
-    for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table

@@ -1,8 +1,9 @@
 """The OpenLineage sink: each lineage entry becomes the openlineage-python client's `RunEvent`
 (its Run, Job, InputDataset, OutputDataset and ParentRunFacet classes), serialised by the
 client's `Serde`, then POSTed as JSON to TREADLE_OPENLINEAGE_URL (the full endpoint, e.g.
-Marquez's `http://marquez:5000/api/v1/lineage`) or appended as one line to
-TREADLE_OPENLINEAGE_FILE. Datasets are named in the configured namespace.
+Marquez's `http://marquez:5000/api/v1/lineage`; kept-alive connections, delivery/http.py, and any
+2xx is a delivery) or appended as one line to TREADLE_OPENLINEAGE_FILE. Datasets are named in the
+configured namespace.
 
 Delivery is at least once (the outbox's): receivers may see an event twice, with the same run id
 and event time.
@@ -18,8 +19,7 @@ from importlib.metadata import version as _version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from treadle.delivery.http import KeepAlivePoster
 from treadle.domain.outbox import OutboxEntry, OutboxKind
 from treadle.engine.lineage import SINK
 from treadle.errors import ConfigError
@@ -77,7 +77,7 @@ class OpenLineageSink:
             raise ValueError("OpenLineageSink needs exactly one of url and file")
         require_client()
         self.url, self.file = url, file
-        self.client = httpx.Client(timeout=ack_s) if url is not None else None
+        self.poster = KeepAlivePoster(url, ack_s=ack_s) if url is not None else None
         self.lock = threading.Lock()
 
     def deliver(self, entry: OutboxEntry) -> str | None:
@@ -90,16 +90,8 @@ class OpenLineageSink:
             body = Serde.to_json(to_run_event(entry.payload))
         except (KeyError, TypeError, ValueError) as exc:
             return f"malformed lineage entry: {type(exc).__name__}: {exc}"[:2000]
-        if self.client is not None and self.url is not None:
-            try:
-                response = self.client.post(
-                    self.url, content=body.encode(), headers={"Content-Type": "application/json"}
-                )
-            except httpx.HTTPError as exc:
-                return f"{type(exc).__name__}: {exc}"[:2000]
-            if 200 <= response.status_code < 300:
-                return None
-            return f"HTTP {response.status_code}: {response.text[:500]}"
+        if self.poster is not None:
+            return self.poster.post(body.encode(), {"Content-Type": "application/json"})
         assert self.file is not None
         try:
             with self.lock, self.file.open("a", encoding="utf-8") as out:
@@ -110,5 +102,5 @@ class OpenLineageSink:
 
     def close(self) -> None:
         """Close the kept-alive connections."""
-        if self.client is not None:
-            self.client.close()
+        if self.poster is not None:
+            self.poster.close()

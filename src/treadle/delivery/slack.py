@@ -1,16 +1,15 @@
 """The Slack sink: each alert POSTed to TREADLE_ALERT_SLACK_URL as Slack's message body
 (`{"text": ..., "blocks": [...]}`, domain/alerts.slack_body), which an incoming webhook posts to
 its channel; any receiver of that body (Mattermost, a chat bridge) works too. Alerts only: the
-outbox writes no other entries for this sink. Any 2xx is a delivery.
+outbox writes no other entries for this sink. Any 2xx within the acknowledgement deadline is a
+delivery (posted over kept-alive connections, delivery/http.py).
 """
 
 from __future__ import annotations
 
 import json
 
-import httpx
-
-from treadle.delivery.webhook import post
+from treadle.delivery.http import KeepAlivePoster
 from treadle.domain.alerts import slack_body
 from treadle.domain.outbox import OutboxEntry
 
@@ -23,13 +22,13 @@ class SlackSink:
 
     def __init__(self, url: str, *, ack_s: float) -> None:
         self.url = url
-        self.client = httpx.Client(timeout=ack_s, limits=httpx.Limits(max_connections=16))
+        self.poster = KeepAlivePoster(url, ack_s=ack_s)
 
     def deliver(self, entry: OutboxEntry) -> str | None:
         """Post one alert; None when the receiver took it, else what went wrong."""
         body = json.dumps(slack_body(entry.payload), default=str).encode()
-        return post(self.client, self.url, body, {"Content-Type": "application/json"})
+        return self.poster.post(body, {"Content-Type": "application/json"})
 
     def close(self) -> None:
         """Close the kept-alive connections."""
-        self.client.close()
+        self.poster.close()
