@@ -3,6 +3,7 @@ OpenLineage sinks' answers to a failing or slow receiver."""
 
 from __future__ import annotations
 
+import base64
 import socket
 import threading
 import time
@@ -182,3 +183,81 @@ def test_the_openlineage_sink_reports_a_non_2xx_and_a_timeout(server: Server) ->
         assert error is not None and error.startswith("TimeoutError: "), error
     finally:
         sink.close()
+
+
+def test_an_http_receiver_behind_a_proxy_is_posted_through_it_with_its_credentials(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = server.url.split("/")[2]
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://relay:s%40cret@{proxy}")
+    poster = KeepAlivePoster("http://receiver.invalid:8080/hooks/in?x=1", ack_s=5)
+    try:
+        assert poster.post(b"{}", {}) is None
+    finally:
+        poster.close()
+    path, headers, _ = server.requests[-1]
+    assert path == "http://receiver.invalid:8080/hooks/in?x=1"
+    assert headers["Host"] == "receiver.invalid:8080"
+    assert headers["Proxy-Authorization"] == "Basic " + base64.b64encode(b"relay:s@cret").decode()
+
+
+def test_no_proxy_hosts_are_reached_directly(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        dead = free.getsockname()[1]
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    poster = KeepAlivePoster(server.url, ack_s=5)
+    try:
+        assert poster.post(b"{}", {}) is None
+    finally:
+        poster.close()
+    assert server.requests[-1][0] == "/in?x=1"
+
+
+def test_an_https_receiver_behind_a_proxy_is_reached_through_a_connect_tunnel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[bytes] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def refuse_the_tunnel() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            seen.append(data)
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=refuse_the_tunnel, daemon=True)
+    thread.start()
+    for name in ("https_proxy", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://relay:pw@127.0.0.1:{listener.getsockname()[1]}")
+    poster = KeepAlivePoster("https://hooks.example.invalid/in", ack_s=5)
+    try:
+        error = poster.post(b"{}", {})
+    finally:
+        poster.close()
+        thread.join(timeout=30)
+        listener.close()
+    assert error is not None and "403" in error, error
+    request = seen[0].decode()
+    assert request.startswith("CONNECT hooks.example.invalid:443 HTTP/1."), request
+    assert "Proxy-Authorization: Basic " + base64.b64encode(b"relay:pw").decode() in request
+
+
+def test_a_proxy_that_is_not_http_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "socks5://127.0.0.1:1080")
+    with pytest.raises(ValueError, match="HTTPS_PROXY must be an http:// proxy URL"):
+        KeepAlivePoster("https://hooks.example.invalid/in", ack_s=1)

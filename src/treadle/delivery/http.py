@@ -8,15 +8,48 @@ the receiver's certificate against the system's trust store (ssl.create_default_
 A post is taken when the receiver answers any 2xx within the acknowledgement deadline; otherwise
 `post` returns what went wrong, in words: the exception (a timeout, a refused or reset
 connection, a TLS failure) or `HTTP <status>: <the first 500 characters of the body>`.
+
+A receiver behind an HTTP proxy is reached the way curl and urllib reach it: `HTTPS_PROXY` /
+`HTTP_PROXY` (either case) name the proxy, `NO_PROXY` the hosts that bypass it; https goes
+through a CONNECT tunnel (the receiver's certificate is still checked end to end), http is sent
+to the proxy with the absolute URL. Credentials in the proxy URL go as Proxy-Authorization.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import ssl
 import threading
+import urllib.request
 from collections.abc import Mapping
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    """An HTTP proxy: where to connect, and the Proxy-Authorization header if it has credentials."""
+
+    host: str
+    port: int
+    headers: dict[str, str]
+
+
+def proxy_for(scheme: str, host: str) -> Proxy | None:
+    """The proxy the environment names for `scheme://host`, or None (none set, or NO_PROXY)."""
+    proxies = urllib.request.getproxies_environment()
+    url = proxies.get(scheme)
+    if not url or urllib.request.proxy_bypass(host):
+        return None
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{scheme.upper()}_PROXY must be an http:// proxy URL with a host, got {url!r}")
+    headers = {}
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    return Proxy(parts.hostname, parts.port or 80, headers)
 
 
 class KeepAlivePoster:
@@ -34,6 +67,12 @@ class KeepAlivePoster:
         self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self._host_header = parts.netloc.rpartition("@")[2]
         self._tls = ssl.create_default_context() if self._https else None
+        self._proxy = proxy_for(parts.scheme, parts.hostname)
+        self._proxy_headers: dict[str, str] = {}
+        if self._proxy is not None and not self._https:
+            # A plain-http proxy is sent the absolute URL, and its credentials with each request.
+            self._target = f"http://{self._host_header}{self._target}"
+            self._proxy_headers = self._proxy.headers
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[http.client.HTTPConnection] = []
@@ -43,10 +82,14 @@ class KeepAlivePoster:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn, True
+        proxy = self._proxy
+        host, port = (self._host, self._port) if proxy is None else (proxy.host, proxy.port)
         if self._https:
-            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.ack_s, context=self._tls)
+            conn = http.client.HTTPSConnection(host, port, timeout=self.ack_s, context=self._tls)
+            if proxy is not None:
+                conn.set_tunnel(self._host, self._port or 443, headers=proxy.headers)
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.ack_s)
+            conn = http.client.HTTPConnection(host, port, timeout=self.ack_s)
         self._local.conn = conn
         with self._lock:
             self._connections.append(conn)
@@ -62,7 +105,7 @@ class KeepAlivePoster:
     def post(self, body: bytes, headers: Mapping[str, str]) -> str | None:
         """POST `body` with `headers` (Host is added); None when the receiver took it (any 2xx),
         else what went wrong."""
-        sent = {"Host": self._host_header, **headers}
+        sent = {"Host": self._host_header, **self._proxy_headers, **headers}
         while True:
             conn, reused = self._connection()
             try:
