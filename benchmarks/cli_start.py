@@ -34,7 +34,7 @@ COMMANDS: dict[str, list[str]] = {
 }
 TARGETED = ("--help", "runs list --json")
 #: Modules whose presence in a read command is a regression worth seeing in the figures.
-HEAVY = ("alembic", "fastapi", "jsonschema", "rich", "psycopg", "uvicorn")
+HEAVY = ("alembic", "fastapi", "jsonschema", "psycopg", "uvicorn", "sqlalchemy.dialects.mysql")
 
 DAG = textwrap.dedent(
     """\

@@ -34,7 +34,7 @@ def test_domain_imports_no_io_and_no_other_layer() -> None:
         for name in _imports(path):
             if name.startswith("treadle"):
                 assert name.startswith(allowed_prefixes), f"{path.name} imports {name}"
-            assert not name.startswith(("sqlalchemy", "psycopg", "click", "rich")), f"{path.name}: {name}"
+            assert not name.startswith(("sqlalchemy", "psycopg", "click")), f"{path.name}: {name}"
 
 
 def test_domain_reads_no_clock() -> None:
@@ -53,6 +53,31 @@ def test_only_the_store_imports_sqlalchemy_or_psycopg() -> None:
             assert not name.startswith(("sqlalchemy", "psycopg")) or name == "sqlalchemy.engine", (
                 f"{rel} imports {name}"
             )
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported (not inside functions, not for type checking)."""
+    names: set[str] = set()
+    for node in _tree(path).body:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_only_the_api_and_web_ui_import_the_web_extra_at_import() -> None:
+    """The core (scheduler, worker, CLI) runs without the `web` extra: outside api/ and web/, its
+    modules are imported only inside the functions that need them, after `extras.require_web`."""
+    from treadle.extras import WEB_MODULES
+
+    web = (*WEB_MODULES, "starlette")
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith(("api/", "web/")):
+            continue
+        for name in _top_level_imports(path):
+            assert name.split(".")[0] not in web, f"{rel} imports {name} at import"
 
 
 def test_scheduler_never_imports_user_code_loader() -> None:
