@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.domain.contract import DagContract
-from treadle.domain.exit_codes import ExitContract
+from treadle.domain.exit_codes import PLAIN_EXIT_CONTRACT, ExitContract
 from treadle.domain.graph import downstream_map, transitive_downstream
 from treadle.domain.param_rules import ParamRule
 from treadle.domain.retry import RetryPolicy
@@ -160,7 +160,7 @@ class TaskDef:
             doc=data.get("doc", ""),
             exit_contract=ExitContract.from_json(data["exit_contract"])
             if "exit_contract" in data
-            else ExitContract(),
+            else PLAIN_EXIT_CONTRACT,
             trigger_rule=data.get("trigger_rule", "all_success"),
             branch=bool(data.get("branch", False)),
             map_arg=data.get("map_arg"),
