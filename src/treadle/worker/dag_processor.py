@@ -19,9 +19,14 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
+import mmap
+import multiprocessing
 import os
 import signal
+import struct
+import subprocess
+import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,9 +39,13 @@ from treadle.domain.dag_version import DagStructure
 from treadle.worker.protocol import receive, send
 
 log = logging.getLogger("treadle.worker")
-_spawn = mp.get_context("spawn")
 
-#: Seconds a processor may take to start (spawn, import treadle) before it says it is ready.
+_BOOT = "from treadle.worker.dag_processor import serve; serve()"
+#: The progress a processor notes: index + 1 of the file it is importing (0: none yet).
+_PROGRESS = struct.Struct("q")
+
+#: Seconds a processor may take to start (an interpreter importing treadle) before it says it
+#: is ready.
 STARTUP_S = 60.0
 #: Times in a row a processor that dies or hangs before it is ready is spawned.
 START_TRIES = 3
@@ -116,10 +125,10 @@ class ProcessorDidNotStart(RuntimeError):
 class _Slot:
     """One processor process and the batch it is importing."""
 
-    process: Any  # a multiprocessing Process
+    process: subprocess.Popen[bytes]
     conn: Connection
-    #: Index + 1 of the file the processor is importing or last imported (0: none yet).
-    progress: Any  # a multiprocessing RawValue("q")
+    #: Shared with the processor: index + 1 of the file it is importing or last imported.
+    progress: mmap.mmap
     started_at: float
     ready: bool = False
     #: Indexes of the files of the batch sent and not yet answered.
@@ -154,21 +163,35 @@ class _Pool:
                 _close(slot)
 
     def _start(self) -> _Slot:
-        parent, child = _spawn.Pipe()
-        progress = _spawn.RawValue("q", 0)
-        process = _spawn.Process(
-            target=processor_main,
-            args=(child, str(self.folder), self.file_limit_s, progress),
-            daemon=True,
-        )
-        process.start()
-        child.close()
-        return _Slot(process=process, conn=parent, progress=progress, started_at=time.monotonic())
+        """Start a processor: a fresh interpreter (not a fork of this process, and nothing of
+        this process's `__main__` imported again), leading a process group of its own."""
+        mine, theirs = multiprocessing.Pipe()
+        with tempfile.TemporaryFile() as shared:
+            shared.truncate(_PROGRESS.size)
+            progress = mmap.mmap(shared.fileno(), _PROGRESS.size)
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, str(theirs.fileno()), str(shared.fileno())],
+                    pass_fds=[theirs.fileno(), shared.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError:
+                mine.close()
+                progress.close()
+                raise
+            finally:
+                theirs.close()
+        slot = _Slot(process=process, conn=mine, progress=progress, started_at=time.monotonic())
+        try:
+            send(mine, {"folder": str(self.folder), "file_limit_s": self.file_limit_s, "sys_path": sys.path})
+        except OSError:
+            pass  # it is gone already: the next look says so
+        return slot
 
     def _step(self) -> None:
-        """Wait for a message, an exit or the next look; act on what each processor did."""
-        waiting = [s.conn for s in self.slots] + [s.process.sentinel for s in self.slots]
-        wait(waiting, timeout=WATCH_S)
+        """Wait for a message or the next look; act on what each processor did."""
+        wait([s.conn for s in self.slots], timeout=WATCH_S)
         for n, slot in enumerate(self.slots):
             self.slots[n] = self._tend(slot)
 
@@ -185,14 +208,14 @@ class _Pool:
                 self.failed_starts = 0
             else:
                 self._record(slot, message["results"])
-        if not slot.process.is_alive():
+        if slot.process.poll() is not None:
             return self._replace(slot, died=True)
         now = time.monotonic()
         if not slot.ready:
             return slot if now - slot.started_at <= STARTUP_S else self._replace(slot, died=False)
         if not slot.batch:
             self._send_batch(slot)
-        progress = slot.progress.value
+        progress = _noted(slot)
         if progress != slot.seen:
             slot.seen, slot.seen_at = progress, now
         if slot.batch and now - slot.seen_at > self.file_limit_s + SLACK_S:
@@ -206,7 +229,7 @@ class _Pool:
             return
         size = max(1, min(MAX_BATCH, len(self.todo) // (2 * self.count)))
         slot.batch = [self.todo.popleft() for _ in range(min(size, len(self.todo)))]
-        slot.seen, slot.seen_at = slot.progress.value, time.monotonic()
+        slot.seen, slot.seen_at = _noted(slot), time.monotonic()
         send(slot.conn, {"files": [[i, self.files[i]] for i in slot.batch]})
 
     def _record(self, slot: _Slot, results: list[list[Any]]) -> None:
@@ -218,21 +241,21 @@ class _Pool:
     def _replace(self, slot: _Slot, *, died: bool) -> _Slot:
         """Kill the slot's processor; the file it was on becomes a load error, the rest of its
         batch goes back to the front of the queue; a fresh processor takes its place."""
+        index = _current(slot) if slot.ready and slot.batch else None
         _close(slot)
         if not slot.ready:
             self.failed_starts += 1
             if self.failed_starts >= START_TRIES:
                 how = "exited" if died else f"did not start within {STARTUP_S:g} s"
                 raise ProcessorDidNotStart(
-                    f"the DAG processor for {self.folder} {how} (code {slot.process.exitcode}), "
+                    f"the DAG processor for {self.folder} {how} (code {slot.process.returncode}), "
                     f"{START_TRIES} times"
                 )
             log.warning("DAG processor did not start; again", extra={"event": "dags.processor_restart"})
-        elif slot.batch:
-            index = _current(slot)
+        elif index is not None:
             path = self.files[index]
             if died:
-                code = slot.process.exitcode
+                code = slot.process.returncode
                 message = f"ProcessExit: importing {path} ended its process (exit code {code})"
             else:
                 message = time_limit_message(path, self.file_limit_s) + " (the import was killed)"
@@ -249,28 +272,45 @@ def _current(slot: _Slot) -> int:
     """The file of the slot's batch its processor was on: the one it noted (after the batch's
     last import, while it sends the results, still that file), else the batch's first (it had
     not begun the batch)."""
-    noted = slot.progress.value - 1
+    noted = _noted(slot) - 1
     return noted if noted in slot.batch else slot.batch[0]
 
 
+def _noted(slot: _Slot) -> int:
+    value: int = _PROGRESS.unpack_from(slot.progress)[0]
+    return value
+
+
 def _close(slot: _Slot) -> None:
-    """Kill the processor's process group (what its files started too), or the processor alone
-    if it died before it had a group of its own."""
-    if slot.process.is_alive():
-        try:
-            os.killpg(slot.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            slot.process.kill()
-    slot.process.join(timeout=5)
+    """Kill the processor's process group: the processor, if it still runs, and whatever its
+    files started."""
+    try:
+        os.killpg(slot.process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        slot.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        log.warning("DAG processor did not end", extra={"event": "dags.processor_lingers"})
     slot.conn.close()
+    slot.progress.close()
 
 
-def processor_main(conn: Connection, folder: str, file_limit_s: float, progress: Any) -> None:
-    """Entry point of a processor process: own process group; import each batch of files it is
-    sent, noting each file in `progress` before its import, and send back what each built."""
-    os.setsid()
+def serve() -> None:
+    """Entry point of a processor process, `python -c ... CONN PROGRESS` (the file descriptors of
+    its end of the pipe and of the shared progress): import each batch of files it is sent,
+    noting each file in the progress before its import, and send back what each built."""
+    conn = Connection(int(sys.argv[1]))
+    progress = mmap.mmap(int(sys.argv[2]), _PROGRESS.size)
+    os.close(int(sys.argv[2]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    make_importable(Path(folder))
+    try:
+        config = receive(conn)
+    except (EOFError, OSError):
+        return
+    sys.path[:] = config["sys_path"]
+    file_limit_s = float(config["file_limit_s"])
+    make_importable(Path(config["folder"]))
     send(conn, {"ready": True})
     while True:
         try:
@@ -279,7 +319,7 @@ def processor_main(conn: Connection, folder: str, file_limit_s: float, progress:
             return
         results: list[list[Any]] = []
         for index, path in batch["files"]:
-            progress.value = index + 1
+            _PROGRESS.pack_into(progress, 0, index + 1)
             dags, error = load_file(Path(path), time_limit_s=file_limit_s)
             built = [d.structure().to_json() for d in dags]
             results.append([index, built, None if error is None else [error.message, error.traceback]])
