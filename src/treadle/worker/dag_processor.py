@@ -171,7 +171,7 @@ class _Pool:
             progress = mmap.mmap(shared.fileno(), _PROGRESS.size)
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, str(theirs.fileno()), str(shared.fileno())],
+                    [sys.executable, *_flags(), "-c", _BOOT, str(theirs.fileno()), str(shared.fileno())],
                     pass_fds=[theirs.fileno(), shared.fileno()],
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
@@ -274,6 +274,13 @@ def _current(slot: _Slot) -> int:
     not begun the batch)."""
     noted = _noted(slot) - 1
     return noted if noted in slot.batch else slot.batch[0]
+
+
+def _flags() -> list[str]:
+    """Interpreter options the processors take from this process: `-B` when it writes no
+    bytecode, so a DAG folder gets `__pycache__` files only when this interpreter would write
+    them (PYTHONDONTWRITEBYTECODE reaches the processors with the environment anyway)."""
+    return ["-B"] if sys.dont_write_bytecode else []
 
 
 def _noted(slot: _Slot) -> int:
