@@ -263,8 +263,7 @@ class DagStructure:
 
     def content_hash(self) -> str:
         """Return the sha256 of the canonical JSON form (the version identity)."""
-        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return content_digest(self.to_json())
 
     def inputs(self) -> tuple[str, ...]:
         """Datasets the DAG reads: its declared inlets and the datasets it is scheduled on."""
@@ -287,6 +286,13 @@ class DagStructure:
     def all_downstream(self, task_id: str) -> list[str]:
         """Return every task id transitively downstream of `task_id`."""
         return transitive_downstream(self.downstream(), task_id)
+
+
+def content_digest(data: dict[str, JSON]) -> str:
+    """The content hash of a structure's JSON form (`DagStructure.to_json`): the sha256 of its
+    canonical text, for a caller that needs the form too and builds it once."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=4096)
