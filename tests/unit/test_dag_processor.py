@@ -203,3 +203,16 @@ def test_a_folder_gets_one_processor_per_core_and_at_most_one_per_share_of_files
     assert processor_count(FILES_PER_PROCESSOR) == 1
     assert processor_count(FILES_PER_PROCESSOR + 1) == min(cores, 2)
     assert processor_count(10_000) == min(cores, 50)
+
+
+def test_processors_write_no_bytecode_into_the_dag_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    for n in range(3):
+        (tmp_path / f"dag_{n}.py").write_text(GOOD.format(dag_id=f"good_{n}"))
+
+    parsed = parse_folder(tmp_path, file_limit_s=30.0, processes=2)
+
+    assert sorted(parsed.structures) == ["good_0", "good_1", "good_2"]
+    assert not (tmp_path / "__pycache__").exists()
