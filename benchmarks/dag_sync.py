@@ -5,7 +5,11 @@ temporary folder, migrates a fresh database (SQLite by default, `--database URL`
 and syncs the folder three times in this process, as `treadle dags sync` does: the first sync
 registers every DAG, the second finds nothing changed, the third runs after a tenth of the files
 were deleted (their DAGs become inactive). Each sync reports the folder import (processor
-process) and the registration transaction separately. Prints one JSON object.
+processes) and the registration transaction separately. Prints one JSON object.
+
+The processors read a DAG file's `__pycache__` but never write one (`python -B`, whatever
+PYTHONDONTWRITEBYTECODE says), so here every sync compiles every file, as a user's syncs do
+until something else (a worker's fork server) has written the bytecode.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from treadle.authoring.datasets import Dataset, dataset_names
-from treadle.domain.exit_codes import ExitContract
+from treadle.domain.exit_codes import PLAIN_EXIT_CONTRACT, ExitContract
 from treadle.domain.identifiers import is_identifier
 from treadle.domain.retry import RetryPolicy
 from treadle.domain.trigger_rules import DEFAULT_RULE, TriggerRule, parse_rule
@@ -152,7 +152,7 @@ def exit_contract(value: object, where: str) -> ExitContract:
     """The contract an `exit_codes=` setting describes: an ExitContract, "standard", or a mapping
     with the lists success / retryable / non_retryable / unknown_commit and a default."""
     if value is None:
-        return ExitContract()
+        return PLAIN_EXIT_CONTRACT
     if isinstance(value, ExitContract):
         return value
     if value == "standard":

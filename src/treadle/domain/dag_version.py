@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.domain.contract import DagContract
-from treadle.domain.exit_codes import ExitContract
+from treadle.domain.exit_codes import PLAIN_EXIT_CONTRACT, ExitContract
 from treadle.domain.graph import downstream_map, transitive_downstream
 from treadle.domain.param_rules import ParamRule
 from treadle.domain.retry import RetryPolicy
@@ -160,7 +160,7 @@ class TaskDef:
             doc=data.get("doc", ""),
             exit_contract=ExitContract.from_json(data["exit_contract"])
             if "exit_contract" in data
-            else ExitContract(),
+            else PLAIN_EXIT_CONTRACT,
             trigger_rule=data.get("trigger_rule", "all_success"),
             branch=bool(data.get("branch", False)),
             map_arg=data.get("map_arg"),
@@ -263,8 +263,7 @@ class DagStructure:
 
     def content_hash(self) -> str:
         """Return the sha256 of the canonical JSON form (the version identity)."""
-        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return content_digest(self.to_json())
 
     def inputs(self) -> tuple[str, ...]:
         """Datasets the DAG reads: its declared inlets and the datasets it is scheduled on."""
@@ -287,6 +286,13 @@ class DagStructure:
     def all_downstream(self, task_id: str) -> list[str]:
         """Return every task id transitively downstream of `task_id`."""
         return transitive_downstream(self.downstream(), task_id)
+
+
+def content_digest(data: dict[str, JSON]) -> str:
+    """The content hash of a structure's JSON form (`DagStructure.to_json`): the sha256 of its
+    canonical text, for a caller that needs the form too and builds it once."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=4096)

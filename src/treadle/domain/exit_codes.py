@@ -116,7 +116,7 @@ class ExitContract:
     @property
     def is_default(self) -> bool:
         """True for the plain contract (0 success, anything else retryable)."""
-        return self == ExitContract()
+        return self == PLAIN_EXIT_CONTRACT
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (sorted lists)."""
@@ -148,3 +148,8 @@ class ExitContract:
                 parts.append(f"{', '.join(map(str, codes))} {name.replace('_', '-')}")
         parts.append(f"other codes {self.default.value.replace('_', '-')}")
         return "; ".join(parts)
+
+
+#: The plain contract (`ExitContract()`), built once: a contract is immutable, so every task that
+#: sets no exit codes shares it (a DAG sync builds and compares tens of thousands).
+PLAIN_EXIT_CONTRACT = ExitContract()

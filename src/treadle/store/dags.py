@@ -9,7 +9,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagStructure
+from treadle.domain.dag_version import DagStructure, content_digest
 from treadle.domain.records import DagInfo, LoadErrorInfo
 from treadle.store.tables import dag_load_errors, dag_versions, dags
 
@@ -32,7 +32,8 @@ def register_versions(
     returns each DAG's version id. Statements are batched: one read of the known versions and of the
     DAG rows per BATCH DAGs, one executemany for the new versions, the new DAGs and the DAGs
     whose registered fields changed (an unchanged DAG is not written at all)."""
-    digests = {s.dag_id: s.content_hash() for s in structures}
+    forms = {s.dag_id: s.to_json() for s in structures}  # built once, for the hash and the row
+    digests = {dag_id: content_digest(form) for dag_id, form in forms.items()}
     versions = _version_ids(conn, digests)
     new = [s for s in structures if s.dag_id not in versions]
     if new:
@@ -42,7 +43,7 @@ def register_versions(
                 {
                     "dag_id": s.dag_id,
                     "version_hash": digests[s.dag_id],
-                    "structure": s.to_json(),
+                    "structure": forms[s.dag_id],
                     "created_at": now,
                 }
                 for s in new

@@ -69,7 +69,7 @@ SKIPPED_RETRY_SHARE = 0.1
 
 
 def sync_dag_folder(db: Database, folder: Path, *, file_limit_s: float) -> tuple[SyncReport, ParsedFolder]:
-    """Import the DAG folder in a processor process (each file within `file_limit_s`) and register
+    """Import the DAG folder in processor processes (each file within `file_limit_s`) and register
     what it holds (structures and per-file errors)."""
     parsed = parse_folder(folder, file_limit_s=file_limit_s)
     report = sync_dags(
@@ -705,7 +705,7 @@ class Worker:
 
     def _refresh_loop(self) -> None:
         """Re-register edited DAG files, in a thread of its own: the claim loop never waits on an
-        import (each runs in a processor process, within its time limit)."""
+        import (each runs in processor processes, every file within its time limit)."""
         while not self.stopping.is_set():
             try:
                 self.refresh_dags()
