@@ -18,9 +18,11 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text())
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, *, top_level: bool = False) -> set[str]:
+    """The modules a file imports; `top_level`: only those imported when it is imported (not
+    inside functions, not for type checking)."""
     names: set[str] = set()
-    for node in ast.walk(_tree(path)):
+    for node in _tree(path).body if top_level else ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -55,17 +57,6 @@ def test_only_the_store_imports_sqlalchemy_or_psycopg() -> None:
             )
 
 
-def _top_level_imports(path: Path) -> set[str]:
-    """What a module imports when it is imported (not inside functions, not for type checking)."""
-    names: set[str] = set()
-    for node in _tree(path).body:
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
 def test_only_the_api_and_web_ui_import_the_web_extra_at_import() -> None:
     """The core (scheduler, worker, CLI) runs without the `web` extra: outside api/ and web/, its
     modules are imported only inside the functions that need them, after `extras.require_web`."""
@@ -76,7 +67,7 @@ def test_only_the_api_and_web_ui_import_the_web_extra_at_import() -> None:
         rel = path.relative_to(SRC).as_posix()
         if rel.startswith(("api/", "web/")):
             continue
-        for name in _top_level_imports(path):
+        for name in _imports(path, top_level=True):
             assert name.split(".")[0] not in web, f"{rel} imports {name} at import"
 
 
