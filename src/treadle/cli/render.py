@@ -87,15 +87,16 @@ def fold(text: str, width: int) -> list[str]:
 def fit_widths(natural: Sequence[int], available: int, floors: Sequence[int] | None = None) -> list[int]:
     """Column widths summing to at most `available`: every column its natural width when they
     all fit; otherwise the narrow columns keep theirs and the widest are narrowed to one shared
-    cap, but none below its floor (its longest word, so that words stay whole) while the floors
-    fit, and none below 1 when they do not."""
+    cap, but none below its floor (its longest word, so that words stay whole); when the floors
+    do not all fit either, the largest floors are lowered to a shared cap that fits."""
     if sum(natural) <= available:
         return list(natural)
     if available <= len(natural):
         return [1] * len(natural)
     lows = [max(1, min(f, n)) for f, n in zip(floors, natural, strict=True)] if floors else [1] * len(natural)
-    if sum(lows) > available:
-        lows = [1] * len(natural)
+    if sum(lows) > available:  # the floors do not all fit: the longest give way, to a shared cap
+        cap = max(c for c in range(1, max(lows) + 1) if sum(min(lo, c) for lo in lows) <= available)
+        lows = [min(lo, cap) for lo in lows]
 
     def total(cap: int) -> int:
         return sum(max(lo, min(n, cap)) for lo, n in zip(lows, natural, strict=True))
@@ -115,8 +116,9 @@ def fit_widths(natural: Sequence[int], available: int, floors: Sequence[int] | N
     return widths
 
 
-#: Words longer than this may be broken to make room for the other columns.
-LONGEST_WHOLE_WORD = 20
+#: Words longer than this may be broken to make room for the other columns (a DAG id or a
+#: file name up to this long stays whole while the other columns can give way).
+LONGEST_WHOLE_WORD = 40
 
 
 def _longest_word(text: str) -> int:
