@@ -135,6 +135,21 @@ def test_lineage_without_the_openlineage_client_names_the_extra(
     refused(c.cli(command), code=2, message=message)
 
 
+@pytest.mark.parametrize("command", ["scheduler", "standalone"])
+def test_a_proxy_the_sinks_cannot_use_is_refused_by_name(
+    sqlite_url: str, cluster: Callable[..., Cluster], command: str
+) -> None:
+    c = cluster(
+        sqlite_url,
+        TREADLE_OUTBOX_WEBHOOK_URL="https://hooks.example.invalid/in",
+        HTTPS_PROXY="socks5://127.0.0.1:1080",
+        NO_PROXY="",
+        no_proxy="",
+    )
+    message = "HTTPS_PROXY must be an http:// proxy URL with a host, got 'socks5://127.0.0.1:1080'"
+    refused(c.cli(command), code=2, message=message)
+
+
 @pytest.mark.parametrize("fixture", ["sqlite_url", pytest.param("pg_url", marks=pytest.mark.postgres)])
 def test_a_database_newer_than_the_code_is_refused_plainly(
     request: pytest.FixtureRequest, cluster: Callable[..., Cluster], fixture: str

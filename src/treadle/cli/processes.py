@@ -253,31 +253,36 @@ def _relay(ctx: Context, db: Database, scheduler: Scheduler) -> OutboxRelay | No
     from treadle.delivery.relay import OutboxRelay, Routes, Sink
 
     sinks: dict[str, Sink] = {}
-    if settings.outbox_webhook_url is not None:
-        from treadle.delivery.webhook import SINK, WebhookSink
+    try:
+        if settings.outbox_webhook_url is not None:
+            from treadle.delivery.webhook import SINK, WebhookSink
 
-        sinks[SINK] = WebhookSink(
-            settings.outbox_webhook_url, secret=settings.outbox_webhook_secret, ack_s=settings.outbox_ack_s
-        )
-    if settings.outbox_nats_url is not None:
-        from treadle.delivery import nats
+            sinks[SINK] = WebhookSink(
+                settings.outbox_webhook_url,
+                secret=settings.outbox_webhook_secret,
+                ack_s=settings.outbox_ack_s,
+            )
+        if settings.outbox_nats_url is not None:
+            from treadle.delivery import nats
 
-        sinks[nats.SINK] = nats.NatsSink(
-            settings.outbox_nats_url,
-            prefix=settings.outbox_nats_subject_prefix,
-            jetstream=settings.outbox_nats_jetstream,
-            ack_s=settings.outbox_ack_s,
-        )
-    if settings.alert_slack_url is not None:
-        from treadle.delivery import slack
+            sinks[nats.SINK] = nats.NatsSink(
+                settings.outbox_nats_url,
+                prefix=settings.outbox_nats_subject_prefix,
+                jetstream=settings.outbox_nats_jetstream,
+                ack_s=settings.outbox_ack_s,
+            )
+        if settings.alert_slack_url is not None:
+            from treadle.delivery import slack
 
-        sinks[slack.SINK] = slack.SlackSink(settings.alert_slack_url, ack_s=settings.outbox_ack_s)
-    if settings.lineage_namespace is not None:
-        from treadle.delivery import lineage
+            sinks[slack.SINK] = slack.SlackSink(settings.alert_slack_url, ack_s=settings.outbox_ack_s)
+        if settings.lineage_namespace is not None:
+            from treadle.delivery import lineage
 
-        sinks[lineage.SINK] = lineage.OpenLineageSink(
-            url=settings.openlineage_url, file=settings.openlineage_file, ack_s=settings.outbox_ack_s
-        )
+            sinks[lineage.SINK] = lineage.OpenLineageSink(
+                url=settings.openlineage_url, file=settings.openlineage_file, ack_s=settings.outbox_ack_s
+            )
+    except ValueError as exc:  # a sink that cannot post where it is pointed (a URL, a proxy)
+        raise ConfigError(str(exc)) from None
     if not sinks:
         return None
     from treadle.domain.outbox import DeliveryPolicy

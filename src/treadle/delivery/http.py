@@ -57,10 +57,11 @@ class KeepAlivePoster:
     connection, waiting at most `ack_s` seconds for each connect, send and answer (safe to share
     between threads)."""
 
-    def __init__(self, url: str, *, ack_s: float) -> None:
+    def __init__(self, url: str, *, ack_s: float, name: str = "the") -> None:
+        """`name` is the sink's, for the error about a URL it cannot post to."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"URL must be http:// or https:// with a host, got {url!r}")
+            raise ValueError(f"{name} URL must be http:// or https:// with a host, got {url!r}")
         self.url, self.ack_s = url, ack_s
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port

@@ -77,7 +77,7 @@ class OpenLineageSink:
             raise ValueError("OpenLineageSink needs exactly one of url and file")
         require_client()
         self.url, self.file = url, file
-        self.poster = KeepAlivePoster(url, ack_s=ack_s) if url is not None else None
+        self.poster = KeepAlivePoster(url, ack_s=ack_s, name="OpenLineage") if url is not None else None
         self.lock = threading.Lock()
 
     def deliver(self, entry: OutboxEntry) -> str | None:

@@ -22,7 +22,7 @@ class SlackSink:
 
     def __init__(self, url: str, *, ack_s: float) -> None:
         self.url = url
-        self.poster = KeepAlivePoster(url, ack_s=ack_s)
+        self.poster = KeepAlivePoster(url, ack_s=ack_s, name="Slack")
 
     def deliver(self, entry: OutboxEntry) -> str | None:
         """Post one alert; None when the receiver took it, else what went wrong."""

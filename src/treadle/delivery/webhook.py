@@ -46,10 +46,7 @@ class WebhookSink:
     between threads)."""
 
     def __init__(self, url: str, *, secret: str | None, ack_s: float) -> None:
-        try:
-            self.poster = KeepAlivePoster(url, ack_s=ack_s)
-        except ValueError:
-            raise ValueError(f"webhook URL must be http:// or https:// with a host, got {url!r}") from None
+        self.poster = KeepAlivePoster(url, ack_s=ack_s, name="webhook")
         self.url, self.secret, self.ack_s = url, secret, ack_s
 
     def deliver(self, entry: OutboxEntry) -> str | None:
