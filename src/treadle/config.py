@@ -7,16 +7,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from treadle.domain.admission import AdmissionLimits
 from treadle.domain.alerts import DEFAULT_DEDUP_S, DEFAULT_SYSTEM_RULES, Alerting, AlertRule, parse_rules
 from treadle.domain.commands import parse_allowlist
-from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
-from treadle.domain.durations import ACCEPTED_FORMS, parse_duration
+from treadle.domain.durations import ACCEPTED_FORMS, DEFAULT_TASK_TIMEOUT_S, parse_duration
 from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
 from treadle.domain.urls import parse_database_url
 from treadle.errors import ConfigError, InvalidRequest, SettingOutOfRange
+
+if TYPE_CHECKING:
+    from treadle.domain.admission import AdmissionLimits
 
 MIB = 1024 * 1024
 DAY_S = 24 * 3600
@@ -77,6 +78,8 @@ class Settings:
     @property
     def admission_limits(self) -> AdmissionLimits:
         """The limits a trigger, a backfill or a dataset run must fit in."""
+        from treadle.domain.admission import AdmissionLimits  # only commands that create runs need it
+
         return AdmissionLimits(per_queue=self.max_queued_per_queue, per_dag=self.max_queued_per_dag)
 
     #: Port of a scheduler's or worker's /metrics, /healthz and /readyz; None: not served.

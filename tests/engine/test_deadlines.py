@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from tests.helpers.wait import wait_for
 from treadle import dag, task
-from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
+from treadle.domain.durations import DEFAULT_TASK_TIMEOUT_S
 from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, complete_attempt, hand_back_attempts
 from treadle.engine.reaper import enforce_execution_deadlines, expire_dispatch_deadlines, promote_due_retries

@@ -1,4 +1,8 @@
-"""`treadle dags`: list, show, sync, errors, trigger, pause, unpause, next."""
+"""`treadle dags`: list, show, sync, errors, trigger, pause, unpause, next.
+
+What only `show` or `trigger` needs (the DAG detail, params validation with jsonschema) is
+imported by those commands, so `dags list` does not pay for it.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,11 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from treadle.cli import dag_show
 from treadle.cli.main import Context, cli, identity, pass_context
 from treadle.cli.render import emit_json, fmt_time, table, to_jsonable
 from treadle.domain.conf_limits import check_conf_depth, json_text_depth
 from treadle.engine import queries
-from treadle.engine.dag_detail import dag_detail
 from treadle.engine.pausing import set_paused
-from treadle.engine.runs import trigger_run
 from treadle.engine.schedules import describe, list_schedules, schedule_view, upcoming
 from treadle.errors import InvalidRequest
 
@@ -80,6 +81,9 @@ def list_cmd(ctx: Context, as_json: bool) -> None:
 @pass_context
 def show_cmd(ctx: Context, dag_id: str, runs: int, as_json: bool) -> None:
     """Show DAG_ID: contract, schedule and next fire times, tasks in order, params, latest runs."""
+    from treadle.cli import dag_show
+    from treadle.engine.dag_detail import dag_detail
+
     detail = dag_detail(ctx.db, dag_id, runs=runs)
     default_timeout_s = ctx.settings.default_task_timeout_s
     if as_json:
@@ -148,6 +152,8 @@ def errors_cmd(ctx: Context, as_json: bool, show_tb: bool) -> None:
 @pass_context
 def trigger_cmd(ctx: Context, dag_id: str, conf: str, as_json: bool) -> None:
     """Start a manual run of DAG_ID."""
+    from treadle.engine.runs import trigger_run  # with jsonschema: only this command of the group needs it
+
     # Parsed before connecting, so bad input is reported even when the database is not usable.
     parsed = parse_conf(conf)
     run = trigger_run(

@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from treadle.domain.dag_version import DagStructure
 from treadle.domain.trigger_rules import TriggerRule
+
+if TYPE_CHECKING:
+    from treadle.domain.dag_version import DagStructure
 
 #: The settings that hold the two limits (named in every refusal).
 PER_QUEUE_SETTING = "TREADLE_MAX_QUEUED_PER_QUEUE"

@@ -21,11 +21,6 @@ JSON = Any
 #: The team a DAG belongs to unless it names one.
 DEFAULT_TEAM = "default"
 
-#: Execution timeout given to a task that sets none, unless the deployment says otherwise
-#: (TREADLE_DEFAULT_TASK_TIMEOUT). Applied to task instances when their run is created, never
-#: part of a version: changing it changes no version hash.
-DEFAULT_TASK_TIMEOUT_S = 24 * 3600.0
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ArgRef:

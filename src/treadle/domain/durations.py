@@ -12,6 +12,12 @@ UNIT_SECONDS: dict[str, int] = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 60
 
 ACCEPTED_FORMS = "a positive whole number followed by s, m, h, d or w (e.g. 3600s, 30m, 12h, 90d, 2w)"
 
+#: Execution timeout given to a task that sets none, unless the deployment says otherwise
+#: (TREADLE_DEFAULT_TASK_TIMEOUT). Applied to task instances when their run is created, never
+#: part of a version: changing it changes no version hash. Here, not in dag_version, so that the
+#: settings read by every command do not import the DAG structure's modules.
+DEFAULT_TASK_TIMEOUT_S = 24 * 3600.0
+
 _PATTERN = re.compile(r"(?P<amount>[0-9]+)(?P<unit>[smhdw])")
 
 

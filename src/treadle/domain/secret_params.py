@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from treadle.domain.records import RunInfo
+if TYPE_CHECKING:
+    from treadle.domain.records import RunInfo
 
 #: What a secret value is shown as.
 MASK = "***"
+
+
+def params_schema_in(structure: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The params schema in a DAG structure's stored JSON form (DagStructure.to_json), read
+    without building the structure: views that only mask params import none of its modules."""
+    schema = structure.get("params_schema")
+    return schema if isinstance(schema, dict) else None
 
 
 def is_secret(prop: object) -> bool:

@@ -28,7 +28,8 @@ from treadle.domain.backfill_plan import (
     interval_action,
     next_intervals,
 )
-from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagVersion
+from treadle.domain.dag_version import DagVersion
+from treadle.domain.durations import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.params import resolve_params
 from treadle.domain.records import DagInfo, RunInfo
 from treadle.domain.states import RunType

@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.admission import NO_LIMITS, AdmissionLimits
-from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
+from treadle.domain.durations import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.identifiers import is_dataset_name
 from treadle.domain.manifest import DatasetConsumption
 from treadle.domain.params import resolve_params

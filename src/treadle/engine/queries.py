@@ -1,14 +1,17 @@
-"""Read-only views for the CLI (and later the API): DAGs, load errors, runs and their details."""
+"""Read-only views for the CLI (and later the API): DAGs, load errors, runs and their details.
+
+Store modules that only some views need are imported by those views: `treadle runs list` (a
+new process each time) imports what listing runs needs and nothing else.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagStructure, DagVersion
 from treadle.domain.graph import topological_order
 from treadle.domain.records import (
     AttemptInfo,
@@ -20,13 +23,12 @@ from treadle.domain.records import (
 )
 from treadle.domain.secret_params import mask_run
 from treadle.errors import DagNotFound, RunNotFound
-from treadle.store import attempts as attempt_store
 from treadle.store import dags as dag_store
-from treadle.store import queues as queue_store
 from treadle.store import runs as run_store
-from treadle.store import task_instances as ti_store
-from treadle.store import workers as worker_store
 from treadle.store.database import Database, db_now
+
+if TYPE_CHECKING:
+    from treadle.domain.dag_version import DagStructure, DagVersion
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,10 +68,10 @@ def list_runs(db: Database, *, dag_id: str | None = None, limit: int = 50) -> li
 
 def runs_for_operators(db: Database, conn: Connection, runs: list[RunInfo]) -> list[RunInfo]:
     """The runs as operators may see them: params their DAG version marks secret masked."""
-    from treadle.engine.versions import versions_of
+    from treadle.engine.versions import params_schemas_of
 
-    versions = versions_of(db, conn, {r.dag_version_id for r in runs})
-    return [mask_run(r, versions[r.dag_version_id].structure.params_schema) for r in runs]
+    schemas = params_schemas_of(db, conn, {r.dag_version_id for r in runs})
+    return [mask_run(r, schemas[r.dag_version_id]) for r in runs]
 
 
 def run_for_operators(db: Database, run: RunInfo) -> RunInfo:
@@ -80,11 +82,15 @@ def run_for_operators(db: Database, run: RunInfo) -> RunInfo:
 
 def task_instance(db: Database, task_instance_id: int) -> TaskInstanceInfo | None:
     """One task instance by id, in whatever state (None: no such id)."""
+    from treadle.store import task_instances as ti_store
+
     return db.query(lambda conn: ti_store.get_task_instance(conn, task_instance_id))
 
 
 def run_detail(db: Database, run_id: str) -> RunDetail:
     """A run with everything recorded about it, secret params masked."""
+    from treadle.store import attempts as attempt_store
+    from treadle.store import task_instances as ti_store
 
     def work(conn: Connection) -> RunDetail:
         run = run_store.get_run(conn, run_id)
@@ -127,6 +133,8 @@ class QueueView:
 
 def list_queues(db: Database, *, worker_stale_s: float) -> list[QueueView]:
     """Every queue with work or a live worker, by name."""
+    from treadle.store import queues as queue_store
+    from treadle.store import workers as worker_store
 
     def work(conn: Connection) -> list[QueueView]:
         now = db_now(conn)
@@ -155,6 +163,8 @@ def list_queues(db: Database, *, worker_stale_s: float) -> list[QueueView]:
 
 def list_workers(db: Database) -> list[WorkerInfo]:
     """Every known worker with its capacity and load at its last heartbeat."""
+    from treadle.store import workers as worker_store
+
     return db.query(worker_store.list_workers)
 
 

@@ -11,7 +11,8 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.admission import NO_LIMITS, AdmissionLimits
 from treadle.domain.conf_limits import check_conf_limits
-from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagStructure, DagVersion
+from treadle.domain.dag_version import DagStructure, DagVersion
+from treadle.domain.durations import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.manifest import DatasetConsumption, build_manifest
 from treadle.domain.params import resolve_params
 from treadle.domain.records import DagInfo, RunInfo

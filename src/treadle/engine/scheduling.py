@@ -17,7 +17,8 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S, DagVersion
+from treadle.domain.dag_version import DagVersion
+from treadle.domain.durations import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.params import resolve_params
 from treadle.domain.records import RunInfo
 from treadle.domain.states import RunType

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from datetime import timedelta
 
 from treadle.domain.admission import NO_LIMITS, AdmissionLimits
-from treadle.domain.dag_version import DEFAULT_TASK_TIMEOUT_S
+from treadle.domain.durations import DEFAULT_TASK_TIMEOUT_S
 from treadle.engine.alerts import check_alerts
 from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.datasets import trigger_dataset_runs

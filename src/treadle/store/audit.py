@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.access import AuditEntry
 from treadle.store.tables import audit_log
+
+if TYPE_CHECKING:
+    from treadle.domain.access import AuditEntry
 
 
 def record(
@@ -70,6 +72,8 @@ def list_entries(
     limit: int = 100,
 ) -> list[AuditEntry]:
     """Entries newest first, filtered; `before_id` pages backwards (a cursor on the id)."""
+    from treadle.domain.access import AuditEntry  # not at import: every Database imports this module
+
     stmt = sa.select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
     if since is not None:
         stmt = stmt.where(audit_log.c.at >= since)

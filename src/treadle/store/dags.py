@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.dag_version import DagStructure, content_digest
 from treadle.domain.records import DagInfo, LoadErrorInfo
+from treadle.domain.secret_params import params_schema_in
 from treadle.store.tables import dag_load_errors, dag_versions, dags
+
+if TYPE_CHECKING:
+    from treadle.domain.dag_version import DagStructure
 
 T = TypeVar("T")
 
@@ -32,6 +35,8 @@ def register_versions(
     returns each DAG's version id. Statements are batched: one read of the known versions and of the
     DAG rows per BATCH DAGs, one executemany for the new versions, the new DAGs and the DAGs
     whose registered fields changed (an unchanged DAG is not written at all)."""
+    from treadle.domain.dag_version import content_digest  # not at import: `runs list` needs none
+
     forms = {s.dag_id: s.to_json() for s in structures}  # built once, for the hash and the row
     digests = {dag_id: content_digest(form) for dag_id, form in forms.items()}
     versions = _version_ids(conn, digests)
@@ -226,6 +231,8 @@ _GET_DAG = _dag_select().where(dags.c.dag_id == sa.bindparam("dag_id"))
 
 def get_structure(conn: Connection, version_id: int) -> DagStructure:
     """Return the serialized structure of a DAG version (versions never change)."""
+    from treadle.domain.dag_version import DagStructure
+
     data = conn.execute(
         sa.select(dag_versions.c.structure).where(dag_versions.c.id == version_id)
     ).scalar_one()
@@ -245,9 +252,20 @@ def set_paused(conn: Connection, dag_id: str, *, paused: bool, now: datetime) ->
 
 def get_structures(conn: Connection, version_ids: list[int]) -> dict[int, tuple[DagStructure, str]]:
     """Return the structures of several DAG versions with their stored hashes, by version id."""
+    from treadle.domain.dag_version import DagStructure
+
     rows = conn.execute(
         sa.select(dag_versions.c.id, dag_versions.c.structure, dag_versions.c.version_hash).where(
             dag_versions.c.id.in_(version_ids)
         )
     )
     return {r.id: (DagStructure.from_json(r.structure), r.version_hash) for r in rows}
+
+
+def get_params_schemas(conn: Connection, version_ids: list[int]) -> dict[int, dict[str, Any] | None]:
+    """Return the params schemas of several DAG versions by version id, read from their stored
+    structures without building them (masking secret params needs nothing else)."""
+    rows = conn.execute(
+        sa.select(dag_versions.c.id, dag_versions.c.structure).where(dag_versions.c.id.in_(version_ids))
+    )
+    return {r.id: params_schema_in(r.structure) for r in rows}

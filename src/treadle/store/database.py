@@ -10,20 +10,23 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from treadle.domain.access import Principal
 from treadle.domain.alerts import Alerting
-from treadle.domain.dag_version import DagVersion
 from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH
-from treadle.domain.records import RunInfo
 from treadle.domain.urls import DatabaseUrl, parse_database_url
 from treadle.errors import ConfigError, DatabaseUnavailable
 from treadle.store import audit, dialects, tables, wakeups
+
+if TYPE_CHECKING:
+    # Types of the caches only: a command that reads runs does not import DAG structures.
+    from treadle.domain.access import Principal
+    from treadle.domain.dag_version import DagVersion
+    from treadle.domain.records import RunInfo
 
 log = logging.getLogger("treadle.store")
 T = TypeVar("T")
@@ -157,6 +160,9 @@ class Database:
         tables.bind_dialect(self.dialect)
         #: DAG version id -> version; versions are immutable, so this never goes stale.
         self.version_cache: dict[int, DagVersion] = {}
+        #: DAG version id -> its params schema, for views that mask params without building
+        #: the version (engine/versions.py params_schemas_of).
+        self.params_schema_cache: dict[int, dict[str, Any] | None] = {}
         #: Run id -> run, read by claims only for fields fixed at creation (version, date, conf).
         self.run_cache: dict[str, RunInfo] = {}
         #: Token hash -> (monotonic deadline, principal): the API's short-lived token cache
