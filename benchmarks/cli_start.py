@@ -6,6 +6,10 @@ and the CPU it used (user + system, from the kernel's child accounting) is recor
 the median and minimum per command next to the target, and which heavy modules each command
 imported (Alembic must stay out of the read commands). `--database URL` measures against
 another database (PostgreSQL: an empty database the script may migrate). Prints one JSON object.
+
+Beside the commands it measures the floor no treadle change moves: an interpreter importing the
+libraries every database command needs (SQLAlchemy; on PostgreSQL also its dialect package and
+psycopg), measured in the same minutes, and says how far above it each command is.
 """
 
 from __future__ import annotations
@@ -117,14 +121,21 @@ def run(database_url: str | None, repeat: int) -> dict[str, Any]:
     return figures
 
 
-def python_floor(repeat: int) -> float:
-    """CPU seconds of an interpreter that imports nothing (the part no code change removes)."""
+def python_floor(repeat: int, code: str = "pass") -> float:
+    """CPU seconds of an interpreter running `code` (by default importing nothing), median."""
     samples = []
     for _ in range(repeat):
         before = _child_cpu()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        subprocess.run([sys.executable, "-c", code], check=True)
         samples.append(_child_cpu() - before)
     return round(statistics.median(samples), 3)
+
+
+#: What a database command of each backend cannot do without: the libraries it reads through.
+LIBRARY_FLOOR = {
+    "sqlite": "import sqlalchemy, sqlalchemy.dialects.sqlite, sqlite3",
+    "postgresql": "import sqlalchemy, sqlalchemy.dialects.postgresql, psycopg",
+}
 
 
 def main() -> None:
@@ -133,12 +144,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="runs of each command")
     parsed = parser.parse_args()
     figures = run(parsed.database, parsed.repeat)
+    database = "sqlite" if parsed.database is None else parsed.database.split(":", 1)[0].split("+")[0]
+    database = "postgresql" if database == "postgres" else database
+    library = python_floor(parsed.repeat, LIBRARY_FLOOR[database]) if database in LIBRARY_FLOOR else None
+    if library is not None:
+        for figure in figures.values():
+            figure["cpu_s_over_library_floor"] = round(figure["cpu_s_median"] - library, 3)
     emit(
         {
             "benchmark": "cli_start",
-            "database": "sqlite" if parsed.database is None else parsed.database.split(":", 1)[0],
+            "database": database,
             "repeat": parsed.repeat,
             "python_startup_cpu_s": python_floor(parsed.repeat),
+            "library_floor": {"imports": LIBRARY_FLOOR.get(database), "cpu_s_median": library},
             "load_average_1m": round(os.getloadavg()[0], 2),
             "commands": figures,
             "machine": machine(),

@@ -27,10 +27,6 @@ PRIVATE_DIR_MODE = 0o700
 EXIT_CODES: dict[type[TreadleError], int] = {ConfigError: 2, SchemaOutOfDate: 3, Overloaded: 75}
 
 
-#: Databases this invocation opened, closed by `main` before the interpreter exits.
-_OPENED: list[Database] = []
-
-
 class Context:
     """Lazily built settings and database of one CLI invocation."""
 
@@ -86,7 +82,9 @@ class Context:
         db.outbox_sinks = self.settings.outbox_sinks
         db.lineage_namespace = self.settings.lineage_namespace
         db.alerting = self.settings.alerting
-        _OPENED.append(db)
+        invocation = click.get_current_context(silent=True)
+        if invocation is not None:  # closed when the command ends, before the interpreter exits
+            invocation.find_root().call_on_close(db.dispose)
         return db
 
 
@@ -270,9 +268,7 @@ def main() -> None:
 
 
 def _before_exit() -> None:
-    """Close the databases this invocation opened, then spare the interpreter's exit a last
-    collection over everything imported (a tenth of a short command's CPU, for nothing: no
-    finalizer treadle relies on is left to it once the databases are closed)."""
-    while _OPENED:
-        _OPENED.pop().dispose()
+    """Spare the interpreter's exit a last collection over everything imported: a tenth of a
+    short command's CPU, for nothing, as the databases the command opened are closed when it
+    ends (`Context.open_db`) and no finalizer treadle relies on is left to that collection."""
     gc.freeze()

@@ -145,3 +145,31 @@ def test_params_schemas_come_from_built_versions_or_from_one_read(filled: tuple[
     assert again.conf == run.conf == {"password": "***", "day": "d1"}
     assert queries.run_detail(db, run_id).run.conf == run.conf
     db.dispose()
+
+
+def _open_files_under(folder: Path) -> list[str]:
+    """Files under `folder` this process holds open."""
+    held = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = fd.readlink()
+        except OSError:
+            continue
+        if str(target).startswith(str(folder)):
+            held.append(str(target))
+    return held
+
+
+def test_a_command_closes_the_database_it_opened(filled: tuple[str, str], tmp_path: Path) -> None:
+    """In-process invocations (as the tests make) leave no connection behind, any more than a
+    command's process does before it exits."""
+    from click.testing import CliRunner
+
+    from treadle.cli.main import cli
+
+    url, run_id = filled
+    env = {"TREADLE_DATABASE_URL": url, "TREADLE_HOME": str(tmp_path / "home")}
+    for args in (["runs", "list", "--json"], ["runs", "show", run_id], ["dags", "list"]):
+        done = CliRunner().invoke(cli, args, env=env)
+        assert done.exit_code == 0, done.output
+        assert _open_files_under(tmp_path) == [], args
