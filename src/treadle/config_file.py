@@ -11,7 +11,6 @@ environment is, so a value has the same checks and messages wherever it comes fr
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +126,8 @@ def load(environ: Mapping[str, str]) -> LayeredSettings:
 
 def read_file(path: Path) -> dict[str, str]:
     """A settings file's values as variables (`lease_seconds` -> TREADLE_LEASE_SECONDS)."""
+    import tomllib  # only when there is a file: most commands run without one
+
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:

@@ -33,8 +33,9 @@ from typing import Any
 from treadle.authoring.specs import Dag
 from treadle.domain.commands import attempt_log_path
 from treadle.domain.mapping import DEFAULT_MAX_MAP_LENGTH, instance_label
-from treadle.domain.records import AttemptError, AttemptInfo, ClaimedTask, RunInfo
+from treadle.domain.records import RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, RunType, TaskState
+from treadle.domain.task_records import AttemptError, AttemptInfo, ClaimedTask
 from treadle.engine import inspection, queries
 from treadle.engine.dags import sync_dags
 from treadle.engine.datasets import parse_outlet_events, run_dataset_events

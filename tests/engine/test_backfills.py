@@ -14,8 +14,9 @@ from tests.engine.dags_for_tests import four_steps
 from treadle import dag, task
 from treadle.domain.backfill_plan import BackfillPlan
 from treadle.domain.params import resolve_params
-from treadle.domain.records import AttemptError, RunInfo
+from treadle.domain.records import RunInfo
 from treadle.domain.states import AttemptOutcome, RunType
+from treadle.domain.task_records import AttemptError
 from treadle.engine import backfill_actions as bf
 from treadle.engine.backfill_drain import drain_backfills
 from treadle.engine.dags import sync_dags

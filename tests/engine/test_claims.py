@@ -7,7 +7,7 @@ from collections import Counter
 
 from tests.helpers.wait import wait_for
 from treadle import dag, task
-from treadle.domain.records import ClaimedTask
+from treadle.domain.task_records import ClaimedTask
 from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, complete_attempts
 from treadle.engine.runs import finish_idle_runs

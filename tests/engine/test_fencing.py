@@ -11,8 +11,8 @@ import sqlalchemy as sa
 
 from tests.helpers.wait import wait_for
 from treadle import dag, task
-from treadle.domain.records import AttemptError
 from treadle.domain.states import AttemptOutcome
+from treadle.domain.task_records import AttemptError
 from treadle.engine import queries
 from treadle.engine.execution import claim_task_instances, complete_attempt, extend_leases, fail_attempt
 from treadle.engine.reaper import promote_due_retries, reap_expired_leases

@@ -50,7 +50,6 @@ from hypothesis.stateful import (
 
 from tests.helpers.wait import wait_for
 from treadle import dag, task
-from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import (
     ACTIVE_TASK_STATES,
     TERMINAL_RUN_STATES,
@@ -58,6 +57,7 @@ from treadle.domain.states import (
     RunState,
     TaskState,
 )
+from treadle.domain.task_records import AttemptError, ClaimedTask
 from treadle.domain.transitions import run_edges, task_edges
 from treadle.engine.cancellation import cancel_run, cancel_task
 from treadle.engine.clearing import clear_tasks

@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from treadle import dag, task
-from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
+from treadle.domain.task_records import AttemptError, ClaimedTask
 from treadle.engine import dead_letters
 from treadle.engine.clearing import clear_tasks
 from treadle.engine.execution import claim_task_instances, complete_attempt, fail_attempt

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from tests.engine.test_transition_audit import AUDIT
 from treadle import TaskContext, dag, task
-from treadle.domain.records import ClaimedTask
+from treadle.domain.task_records import ClaimedTask
 from treadle.domain.transitions import task_edges
 from treadle.engine import dead_letters
 from treadle.engine.clearing import clear_tasks

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 from tests.helpers.pauses import Pause, in_thread
 from treadle import dag, task
-from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome, TaskState
+from treadle.domain.task_records import AttemptError, ClaimedTask
 from treadle.engine import queries
 from treadle.engine.cancellation import cancel_run
 from treadle.engine.clearing import clear_tasks

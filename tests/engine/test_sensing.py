@@ -15,7 +15,7 @@ import pytest
 
 from treadle import Deferred, PollResult, Waiting, dag, sensor, task
 from treadle.authoring.context import TaskContext
-from treadle.domain.records import ClaimedTask
+from treadle.domain.task_records import ClaimedTask
 from treadle.engine.cancellation import cancel_run
 from treadle.engine.diagnosis import why
 from treadle.engine.execution import Reschedule, claim_task_instances, work_cycle

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 
 from tests.helpers.wait import wait_for
 from treadle import dag, task
-from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
+from treadle.domain.task_records import AttemptError, ClaimedTask
 from treadle.domain.transitions import run_edges, task_edges
 from treadle.engine import queries
 from treadle.engine.cancellation import cancel_run, cancel_task

@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import AttemptRow
 from treadle.domain.states import TaskState
+from treadle.domain.task_records import AttemptRow
 from treadle.store import successes
 from treadle.store import task_instances as ti_store
 from treadle.store.database import Database

@@ -12,7 +12,8 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.domain.access import AuditEntry, Role
-from treadle.domain.records import DagInfo, RunInfo, TaskInstanceInfo
+from treadle.domain.records import DagInfo, RunInfo
+from treadle.domain.task_records import TaskInstanceInfo
 from treadle.engine.inspection import Resolution
 
 Identifier = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,250}$", max_length=250)]

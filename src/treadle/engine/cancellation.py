@@ -17,8 +17,8 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.lineage import LineageEventType
-from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.states import TERMINAL_RUN_STATES, AttemptOutcome, TaskState
+from treadle.domain.task_records import AttemptError, ClaimedTask
 from treadle.domain.trigger_rules import End
 from treadle.engine import lineage, propagation
 from treadle.engine.execution import insert_attempt_record

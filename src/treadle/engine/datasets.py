@@ -32,8 +32,9 @@ from treadle.domain.durations import DEFAULT_TASK_TIMEOUT_S
 from treadle.domain.identifiers import is_dataset_name
 from treadle.domain.manifest import DatasetConsumption
 from treadle.domain.params import resolve_params
-from treadle.domain.records import ClaimedTask, RunInfo
+from treadle.domain.records import RunInfo
 from treadle.domain.states import RunType
+from treadle.domain.task_records import ClaimedTask
 from treadle.domain.timetable import ScheduleSpec
 from treadle.engine import lineage
 from treadle.engine.admission import (

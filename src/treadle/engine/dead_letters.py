@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.states import TaskState
+from treadle.domain.task_records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.transitions import UseCase
 from treadle.engine.mapping import release_held_back
 from treadle.engine.propagation import settle

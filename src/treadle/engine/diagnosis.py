@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import TaskDef
-from treadle.domain.records import TaskInstanceInfo, WorkerInfo
 from treadle.domain.sensing import PokeKind, SensorSpec, poke_deadline
 from treadle.domain.states import TERMINAL_TASK_STATES, TaskState
+from treadle.domain.task_records import TaskInstanceInfo, WorkerInfo
 from treadle.domain.trigger_rules import DEFAULT_RULE
 from treadle.engine.versions import version_of
 from treadle.errors import InvalidRequest, RunNotFound

@@ -17,10 +17,11 @@ from treadle.domain.dag_version import DagVersion
 from treadle.domain.fingerprint import fingerprint
 from treadle.domain.lineage import LineageEventType
 from treadle.domain.outbox import OutboxKind
-from treadle.domain.records import AttemptDetails, AttemptError, AttemptRow, ClaimedTask, RunInfo
+from treadle.domain.records import RunInfo
 from treadle.domain.retry import FailurePlan, RetryDecision, plan_failure
 from treadle.domain.sensing import SensorSpec, next_poke_at
 from treadle.domain.states import AttemptOutcome, TaskState
+from treadle.domain.task_records import AttemptDetails, AttemptError, AttemptRow, ClaimedTask
 from treadle.domain.transitions import ending_use_case
 from treadle.engine import lineage, outbox
 from treadle.engine.datasets import OutletEvent, outlet_event_rows, record_outlet_events

@@ -23,8 +23,8 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.outbox import OutboxKind
-from treadle.domain.records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.states import TaskState
+from treadle.domain.task_records import AttemptInfo, TaskInstanceInfo
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End
 from treadle.engine import outbox, propagation

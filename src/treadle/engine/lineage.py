@@ -19,8 +19,9 @@ from sqlalchemy.engine import Connection
 from treadle.domain.dag_version import DagStructure
 from treadle.domain.lineage import LineageEventType, run_event, task_event
 from treadle.domain.outbox import OutboxKind
-from treadle.domain.records import ClaimedTask, RunInfo
+from treadle.domain.records import RunInfo
 from treadle.domain.states import RunState
+from treadle.domain.task_records import ClaimedTask
 from treadle.engine.versions import version_of
 from treadle.store import outbox as outbox_store
 from treadle.store import runs as run_store

@@ -24,8 +24,8 @@ from sqlalchemy.engine import Connection
 from treadle.domain.dag_version import DagVersion, TaskDef
 from treadle.domain.fingerprint import fingerprint
 from treadle.domain.mapping import MapFailure, check_expansion, first_active
-from treadle.domain.records import AttemptRow
 from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
+from treadle.domain.task_records import AttemptRow
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End, end_of
 from treadle.engine.versions import version_of

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.outbox import ALERT_ONLY_SINKS, DeliveryPolicy, OutboxEntry, OutboxKind, after_failure
-from treadle.domain.records import AttemptError, ClaimedTask
+from treadle.domain.task_records import AttemptError, ClaimedTask
 from treadle.engine.scheduling import LEADER_LEASE
 from treadle.errors import NotLeader
 from treadle.store import audit, leases

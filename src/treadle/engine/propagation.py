@@ -26,8 +26,8 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.dag_version import DagVersion, TaskDef
 from treadle.domain.graph import topological_order
-from treadle.domain.records import ClaimedTask
 from treadle.domain.states import TaskState
+from treadle.domain.task_records import ClaimedTask
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import (
     DEFAULT_RULE,

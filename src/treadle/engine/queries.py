@@ -13,15 +13,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from treadle.domain.graph import topological_order
-from treadle.domain.records import (
-    AttemptInfo,
-    DagInfo,
-    LoadErrorInfo,
-    RunInfo,
-    TaskInstanceInfo,
-    WorkerInfo,
-)
+from treadle.domain.records import DagInfo, LoadErrorInfo, RunInfo
 from treadle.domain.secret_params import mask_run
+from treadle.domain.task_records import AttemptInfo, TaskInstanceInfo, WorkerInfo
 from treadle.errors import DagNotFound, RunNotFound
 from treadle.store import dags as dag_store
 from treadle.store import runs as run_store

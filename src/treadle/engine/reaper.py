@@ -9,8 +9,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import AttemptError, AttemptRow, RunInfo
+from treadle.domain.records import RunInfo
 from treadle.domain.states import AttemptOutcome
+from treadle.domain.task_records import AttemptError, AttemptRow
 from treadle.engine.diagnosis import queued_blocker
 from treadle.engine.execution import attempt_of, fail_attempt
 from treadle.store import dialects

@@ -25,9 +25,9 @@ from sqlalchemy.engine import Connection
 from treadle.domain.dag_version import DagVersion
 from treadle.domain.lineage import LineageEventType
 from treadle.domain.outbox import OutboxKind
-from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.sensing import PokeKind, is_final_poke, poke_deadline
 from treadle.domain.states import AttemptOutcome, DeadLetterReason, TaskState
+from treadle.domain.task_records import AttemptError, ClaimedTask
 from treadle.domain.transitions import UseCase
 from treadle.domain.trigger_rules import End
 from treadle.engine import lineage, outbox, propagation

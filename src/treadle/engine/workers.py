@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import WorkerInfo
+from treadle.domain.task_records import WorkerInfo
 from treadle.store import workers as worker_store
 from treadle.store.database import Database, db_now
 

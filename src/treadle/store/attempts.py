@@ -7,7 +7,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import AttemptInfo
+from treadle.domain.task_records import AttemptInfo
 from treadle.store import dialects
 from treadle.store.tables import task_attempts, task_instances, task_results
 

@@ -7,8 +7,8 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import ActiveInstance
 from treadle.domain.states import TaskState
+from treadle.domain.task_records import ActiveInstance
 from treadle.domain.transitions import UseCase, task_sources
 from treadle.store import dialects
 from treadle.store.tables import task_instances as ti

@@ -10,8 +10,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import AttemptRow, QueueFacts, TaskInstanceInfo
 from treadle.domain.states import DeadLetterReason, TaskState
+from treadle.domain.task_records import AttemptRow, QueueFacts, TaskInstanceInfo
 from treadle.domain.transitions import UseCase, task_sources
 from treadle.store import dialects, limits
 from treadle.store.limits import Candidate, Exclusions

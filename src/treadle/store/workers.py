@@ -7,7 +7,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from treadle.domain.records import WorkerInfo
+from treadle.domain.task_records import WorkerInfo
 from treadle.store.tables import workers
 
 

@@ -18,8 +18,9 @@ from sqlalchemy.engine import Connection
 
 from treadle.domain.access import Principal, Role
 from treadle.domain.dag_version import DagStructure, DagVersion
-from treadle.domain.records import DagInfo, RunInfo, TaskInstanceInfo
+from treadle.domain.records import DagInfo, RunInfo
 from treadle.domain.states import TERMINAL_RUN_STATES, TERMINAL_TASK_STATES, TaskState
+from treadle.domain.task_records import TaskInstanceInfo
 from treadle.domain.timetable import ScheduleSpec
 from treadle.engine import queries, schedules
 from treadle.engine.scheduling import LEADER_LEASE

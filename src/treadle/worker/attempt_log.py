@@ -20,7 +20,7 @@ from pathlib import Path
 
 from treadle.config import Settings
 from treadle.domain.commands import attempt_log_path
-from treadle.domain.records import ClaimedTask
+from treadle.domain.task_records import ClaimedTask
 
 logger = logging.getLogger("treadle.worker.child")
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from treadle.domain.records import ClaimedTask
+from treadle.domain.task_records import ClaimedTask
 
 #: An attempt: (task instance id, attempt number).
 Pair = tuple[int, int]

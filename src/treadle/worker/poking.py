@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from treadle.authoring.sensing import POKE_KEY
 from treadle.domain.dag_version import DagVersion, TaskDef
-from treadle.domain.records import AttemptError, ClaimedTask
 from treadle.domain.sensing import PokeKind
+from treadle.domain.task_records import AttemptError, ClaimedTask
 from treadle.engine.execution import Ending, Reschedule
 from treadle.engine.sensing import (
     ORPHANED_JOB,

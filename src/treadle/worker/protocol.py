@@ -10,7 +10,7 @@ from typing import Any
 
 from treadle.domain.dag_version import ArgRef, DagVersion
 from treadle.domain.exit_codes import Disposition
-from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
+from treadle.domain.task_records import AttemptDetails, AttemptError, ClaimedTask
 
 #: Any: messages are JSON objects.
 Message = dict[str, Any]

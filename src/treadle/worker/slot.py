@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.domain.dag_version import DagVersion, TaskDef
-from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
+from treadle.domain.task_records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.engine.datasets import OutletEvent, parse_outlet_events
 from treadle.engine.execution import Ending, Reschedule, complete_attempt, fail_attempt
 from treadle.observability.hooks import NO_HOOKS, Hooks

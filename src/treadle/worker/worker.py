@@ -22,8 +22,8 @@ from typing import Any
 from treadle.authoring.loader import folder_signature
 from treadle.config import Settings
 from treadle.domain.dag_version import DagVersion
-from treadle.domain.records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.domain.states import AttemptOutcome
+from treadle.domain.task_records import AttemptDetails, AttemptError, ClaimedTask
 from treadle.engine.dags import SyncReport, sync_dags
 from treadle.engine.datasets import OutletEvent
 from treadle.engine.execution import (

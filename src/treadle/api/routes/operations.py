@@ -23,8 +23,8 @@ from treadle.api.schemas import (
 )
 from treadle.api.settings import ApiSettings
 from treadle.domain.access import Action, Role
-from treadle.domain.records import TaskInstanceInfo, WorkerInfo
 from treadle.domain.states import TaskState
+from treadle.domain.task_records import TaskInstanceInfo, WorkerInfo
 from treadle.engine import accounts, backfill_actions, datasets, inspection, pools, queries
 from treadle.engine import dead_letters as letters
 from treadle.engine.backfill_actions import BackfillDetail, BackfillStatus
