@@ -9,7 +9,10 @@ another database (PostgreSQL: an empty database the script may migrate). Prints 
 
 Beside the commands it measures the floor no treadle change moves: an interpreter importing the
 libraries every database command needs (SQLAlchemy; on PostgreSQL also its dialect package and
-psycopg), measured in the same minutes, and says how far above it each command is.
+psycopg), and says how far above it each command is. `--baseline SRC` measures another treadle
+source tree too (`git worktree add /tmp/base COMMIT`, then `--baseline /tmp/base/src`). The
+floor, the baseline and this code run in turn, round by round, so each figure saw the same
+minutes of a machine whose speed drifts.
 """
 
 from __future__ import annotations
@@ -72,18 +75,6 @@ def _child_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(args: list[str], env: dict[str, str]) -> float:
-    """CPU seconds of one `treadle ARGS` process."""
-    before = _child_cpu()
-    done = subprocess.run(
-        [sys.executable, "-m", "treadle.cli", *args], env=env, capture_output=True, check=False
-    )
-    spent = _child_cpu() - before
-    if done.returncode != 0:
-        raise RuntimeError(f"treadle {' '.join(args)} failed: {done.stderr.decode()[-2000:]}")
-    return spent
-
-
 def heavy_imports(args: list[str], env: dict[str, str]) -> list[str]:
     """The HEAVY modules `treadle ARGS` imports."""
     probe = PROBE.format(heavy=HEAVY)
@@ -94,7 +85,43 @@ def heavy_imports(args: list[str], env: dict[str, str]) -> list[str]:
     return [m for m in line.removeprefix("HEAVY=").split(",") if m]
 
 
-def run(database_url: str | None, repeat: int) -> dict[str, Any]:
+#: What a database command of each backend cannot do without: the libraries it reads through,
+#: and the same exit as the CLI's (`gc.freeze()`, so the floor is not raised by a collection
+#: the CLI skips).
+LIBRARY_FLOOR = {
+    "sqlite": "import sqlalchemy, sqlalchemy.dialects.sqlite, sqlite3, gc; gc.freeze()",
+    "postgresql": "import sqlalchemy, sqlalchemy.dialects.postgresql, psycopg, gc; gc.freeze()",
+}
+
+
+def backend_of(url: str) -> str:
+    """sqlite, postgresql or mysql: the URL's scheme without its driver."""
+    scheme = url.split(":", 1)[0].split("+")[0]
+    return {"postgres": "postgresql", "mariadb": "mysql"}.get(scheme, scheme)
+
+
+def _median_figures(samples: list[float]) -> dict[str, Any]:
+    quartiles = statistics.quantiles(samples, n=4) if len(samples) > 1 else samples * 3
+    return {
+        "cpu_s_median": round(statistics.median(samples), 3),
+        "cpu_s_quartiles": [round(quartiles[0], 3), round(quartiles[2], 3)],
+        "cpu_s_min": round(min(samples), 3),
+    }
+
+
+def cpu_of(argv: list[str], env: dict[str, str]) -> float:
+    """CPU seconds of one process running ARGV to completion (which must succeed)."""
+    before = _child_cpu()
+    done = subprocess.run(argv, env=env, capture_output=True, check=False)
+    spent = _child_cpu() - before
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.decode()[-2000:]}")
+    return spent
+
+
+def run(database_url: str | None, repeat: int, baseline: Path | None) -> dict[str, Any]:
+    """Each command `repeat` times, interleaved round by round with the library floor (and the
+    same command on the `baseline` source tree), so that every figure saw the same minutes."""
     with tempfile.TemporaryDirectory(prefix="treadle-cli-start-") as tmp:
         root = Path(tmp)
         dags = root / "dags"
@@ -108,59 +135,70 @@ def run(database_url: str | None, repeat: int) -> dict[str, Any]:
         cli(["db", "upgrade"], env)
         cli(["dags", "sync"], env)
         cli(["dags", "trigger", "bench_cli"], env)
+        old_env = None
+        if baseline is not None:
+            old_env = {**env, "PYTHONPATH": str(baseline)}
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(baseline)], check=True)
+        floor_code = LIBRARY_FLOOR.get(backend_of(url))
+        floor: list[float] = []
+        samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
+        before: dict[str, list[float]] = {name: [] for name in COMMANDS}
+        for _ in range(repeat):
+            if floor_code is not None:
+                floor.append(cpu_of([sys.executable, "-c", floor_code], env))
+            for name, args in COMMANDS.items():
+                argv = [sys.executable, "-m", "treadle.cli", *args]
+                if old_env is not None:
+                    before[name].append(cpu_of(argv, old_env))
+                samples[name].append(cpu_of(argv, env))
         figures: dict[str, Any] = {}
         for name, args in COMMANDS.items():
-            samples = [measure(args, env) for _ in range(repeat)]
-            median = statistics.median(samples)
+            median = statistics.median(samples[name])
             figures[name] = {
-                "cpu_s_median": round(median, 3),
-                "cpu_s_min": round(min(samples), 3),
+                **_median_figures(samples[name]),
                 "heavy_modules_imported": heavy_imports(args, env),
                 **({"target_cpu_s": TARGET_S, "meets_target": median < TARGET_S} if name in TARGETED else {}),
             }
-    return figures
+            if floor:
+                over = [s - f for s, f in zip(samples[name], floor, strict=True)]
+                figures[name]["cpu_s_over_library_floor"] = round(statistics.median(over), 3)
+            if old_env is not None:
+                figures[name]["baseline"] = _median_figures(before[name])
+        return {
+            "library_floor": {"imports": floor_code, **(_median_figures(floor) if floor else {})},
+            "commands": figures,
+        }
 
 
-def python_floor(repeat: int, code: str = "pass") -> float:
-    """CPU seconds of an interpreter running `code` (by default importing nothing), median."""
-    samples = []
-    for _ in range(repeat):
-        before = _child_cpu()
-        subprocess.run([sys.executable, "-c", code], check=True)
-        samples.append(_child_cpu() - before)
-    return round(statistics.median(samples), 3)
-
-
-#: What a database command of each backend cannot do without: the libraries it reads through,
-#: and the same exit as the CLI's (`gc.freeze()`, so the floor is not raised by a collection
-#: the CLI skips).
-LIBRARY_FLOOR = {
-    "sqlite": "import sqlalchemy, sqlalchemy.dialects.sqlite, sqlite3, gc; gc.freeze()",
-    "postgresql": "import sqlalchemy, sqlalchemy.dialects.postgresql, psycopg, gc; gc.freeze()",
-}
+def python_floor(repeat: int) -> float:
+    """CPU seconds of an interpreter that imports nothing, median."""
+    return round(
+        statistics.median(cpu_of([sys.executable, "-c", "pass"], dict(os.environ)) for _ in range(repeat)), 3
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--database", default=None, help="database URL (default: a new SQLite file)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each command")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a `src` folder of other treadle code (a git worktree's) to measure interleaved with this",
+    )
     parsed = parser.parse_args()
-    figures = run(parsed.database, parsed.repeat)
-    database = "sqlite" if parsed.database is None else parsed.database.split(":", 1)[0].split("+")[0]
-    database = "postgresql" if database == "postgres" else database
-    library = python_floor(parsed.repeat, LIBRARY_FLOOR[database]) if database in LIBRARY_FLOOR else None
-    if library is not None:
-        for figure in figures.values():
-            figure["cpu_s_over_library_floor"] = round(figure["cpu_s_median"] - library, 3)
+    load_before = os.getloadavg()[0]
+    figures = run(parsed.database, parsed.repeat, parsed.baseline)
     emit(
         {
             "benchmark": "cli_start",
-            "database": database,
+            "database": backend_of(parsed.database or "sqlite://"),
             "repeat": parsed.repeat,
+            "baseline": None if parsed.baseline is None else str(parsed.baseline),
             "python_startup_cpu_s": python_floor(parsed.repeat),
-            "library_floor": {"imports": LIBRARY_FLOOR.get(database), "cpu_s_median": library},
-            "load_average_1m": round(os.getloadavg()[0], 2),
-            "commands": figures,
+            "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            **figures,
             "machine": machine(),
             "code": code_state(),
         }
