@@ -172,3 +172,35 @@ def test_dialect_only_options_reach_the_ddl_of_their_dialect(db: Database) -> No
         assert "WHERE" in index_ddl and "queued" in index_ddl, index_ddl
         assert "utf8mb4" not in runs_ddl
     assert ("JSONB" in runs_ddl) == (db.dialect == "postgresql"), runs_ddl
+
+
+def test_a_process_log_names_each_revision_applied_and_no_alembic_chatter(tmp_path: Path) -> None:
+    """A process that logs (standalone, scheduler, worker) and migrates at start: one treadle line
+    per revision applied the first time, nothing the next, and none of Alembic's INFO lines."""
+    import json
+
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    probe = (
+        "import sys\n"
+        "from treadle.observability.logging import configure_logging\n"
+        "from treadle.store import migrate\n"
+        "from treadle.store.database import Database\n"
+        "configure_logging('INFO', log_format='json')\n"
+        "db = Database(sys.argv[1])\n"
+        "migrate.upgrade(db)\n"
+        "print('SECOND', file=sys.stderr, flush=True)\n"
+        "migrate.upgrade(db)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, url], text=True, capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stderr.split("SECOND\n")
+    lines = [json.loads(line) for line in first.splitlines()]
+    assert {line["logger"] for line in lines} == {"treadle.store.migrate"}
+    assert [line["revision"] for line in lines] == list(migrate.known_revisions())
+    assert [line["event"] for line in lines] == ["db.migrated"] * len(lines)
+    assert lines[0]["from_revision"] is None
+    assert [line["from_revision"] for line in lines[1:]] == list(migrate.known_revisions())[:-1]
+    assert lines[0]["message"].startswith("schema upgraded to 0001: ")
+    assert second.strip() == ""

@@ -128,4 +128,7 @@ def configure_logging(level: str = "INFO", *, log_format: str | None = None) -> 
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Alembic's INFO lines (its plugins, "Context impl ...", "Running upgrade ...") would open
+    # every start's log; store/migrate.py logs each revision it applies itself.
+    logging.getLogger("alembic").setLevel(logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING)
     return fields

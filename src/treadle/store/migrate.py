@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -10,6 +11,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 from treadle.errors import DatabaseUnavailable
@@ -30,6 +32,8 @@ __all__ = [
 
 _SCRIPTS = str(Path(__file__).parent / "migrations")
 
+log = logging.getLogger(__name__)
+
 
 def _config() -> Config:
     cfg = Config()
@@ -38,12 +42,39 @@ def _config() -> Config:
 
 
 def upgrade(db: Database, revision: str = "head") -> None:
-    """Upgrade the schema (idempotent); SchemaTooNew if the database is ahead of this code."""
+    """Upgrade the schema (idempotent); SchemaTooNew if the database is ahead of this code.
+
+    Logs one `db.migrated` line per revision applied (none when the schema was at `revision`):
+    Alembic's own INFO lines, a dozen at every start, are left out of the process log
+    (observability/logging.py).
+    """
     cfg = _config()
     with _connect(db) as conn, conn.begin():
-        refuse_newer(MigrationContext.configure(conn).get_current_revision())
+        before = MigrationContext.configure(conn).get_current_revision()
+        refuse_newer(before)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+        after = MigrationContext.configure(conn).get_current_revision()
+    _log_applied(cfg, before, after)
+
+
+def _log_applied(cfg: Config, before: str | None, after: str | None) -> None:
+    """One INFO line per revision after `before` up to `after`, in order."""
+    if after is None or after == before:
+        return
+    chain = list(known_revisions())
+    start = 0 if before is None else chain.index(before) + 1
+    script = ScriptDirectory.from_config(cfg)
+    for revision_id in chain[start : chain.index(after) + 1]:
+        revision = script.get_revision(revision_id)
+        doc = " ".join((revision.doc or "").split()) if revision is not None else ""
+        log.info(
+            "schema upgraded to %s: %s",
+            revision_id,
+            doc,
+            extra={"event": "db.migrated", "revision": revision_id, "from_revision": before},
+        )
+        before = revision_id
 
 
 def upgrade_sql(dialect_name: str, from_revision: str | None) -> str:
