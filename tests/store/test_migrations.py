@@ -175,10 +175,13 @@ def test_dialect_only_options_reach_the_ddl_of_their_dialect(db: Database) -> No
 
 
 def test_a_process_log_names_each_revision_applied_and_no_alembic_chatter(tmp_path: Path) -> None:
-    """A process that logs (standalone, scheduler, worker) and migrates at start: one treadle line
-    per revision applied the first time, nothing the next, and none of Alembic's INFO lines."""
+    """A process that logs (standalone, scheduler, worker) and migrates at start: a new database
+    is one line, an upgrade one treadle line per revision applied, an up-to-date schema nothing,
+    and none of Alembic's INFO lines at any time."""
     import json
 
+    chain = list(migrate.known_revisions())
+    middle = chain[2]
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     probe = (
         "import sys\n"
@@ -187,20 +190,25 @@ def test_a_process_log_names_each_revision_applied_and_no_alembic_chatter(tmp_pa
         "from treadle.store.database import Database\n"
         "configure_logging('INFO', log_format='json')\n"
         "db = Database(sys.argv[1])\n"
+        "migrate.upgrade(db, sys.argv[2])\n"
+        "print('---', file=sys.stderr, flush=True)\n"
         "migrate.upgrade(db)\n"
-        "print('SECOND', file=sys.stderr, flush=True)\n"
+        "print('---', file=sys.stderr, flush=True)\n"
         "migrate.upgrade(db)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe, url], text=True, capture_output=True, timeout=120, check=False
+        [sys.executable, "-c", probe, url, middle], text=True, capture_output=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    first, second = done.stderr.split("SECOND\n")
-    lines = [json.loads(line) for line in first.splitlines()]
-    assert {line["logger"] for line in lines} == {"treadle.store.migrate"}
-    assert [line["revision"] for line in lines] == list(migrate.known_revisions())
-    assert [line["event"] for line in lines] == ["db.migrated"] * len(lines)
-    assert lines[0]["from_revision"] is None
-    assert [line["from_revision"] for line in lines[1:]] == list(migrate.known_revisions())[:-1]
-    assert lines[0]["message"].startswith("schema upgraded to 0001: ")
-    assert second.strip() == ""
+    created, upgraded, again = (
+        [json.loads(x) for x in part.splitlines()] for part in done.stderr.split("---\n")
+    )
+    assert {line["logger"] for line in created + upgraded} == {"treadle.store.migrate"}
+    assert [line["event"] for line in created + upgraded] == ["db.migrated"] * (1 + len(chain) - 3)
+    (new,) = created
+    assert new["message"] == f"schema created at {middle} (3 revisions)"
+    assert (new["revision"], new["from_revision"], new["revisions"]) == (middle, None, 3)
+    assert [line["revision"] for line in upgraded] == chain[3:]
+    assert [line["from_revision"] for line in upgraded] == chain[2:-1]
+    assert upgraded[0]["message"].startswith(f"schema upgraded to {chain[3]}: ")
+    assert again == []

@@ -87,6 +87,17 @@ def test_text_lines_are_readable_and_coloured_only_when_asked() -> None:
     assert "\033[31m" in stream.getvalue()
 
 
+def test_uvicorns_coloured_copy_of_its_message_is_no_field_of_a_line() -> None:
+    """uvicorn logs `Started server process` with `color_message` (the same text with colour
+    codes): neither format prints it."""
+    for formatter in (TextFormatter(colour=False), JsonFormatter()):
+        logger, stream, _ = _logger(formatter)
+        logger.info("Started server process [%d]", 7, extra={"color_message": "Started \033[36m%d\033[0m"})
+        line = stream.getvalue()
+        assert "Started server process [7]" in line
+        assert "color_message" not in line and "\033[36m" not in line and "\\u001b" not in line
+
+
 def test_the_log_format_follows_the_setting_else_the_terminal() -> None:
     class Tty(io.StringIO):
         def isatty(self) -> bool:

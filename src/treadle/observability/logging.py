@@ -18,7 +18,13 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import IO, Any
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+#: Record attributes that are not fields of the line: the standard ones, and uvicorn's
+#: `color_message` (its message again, with terminal colour codes).
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
 
 #: The formats TREADLE_LOG_FORMAT accepts.
 LOG_FORMATS = ("json", "text")

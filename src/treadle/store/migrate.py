@@ -44,9 +44,9 @@ def _config() -> Config:
 def upgrade(db: Database, revision: str = "head") -> None:
     """Upgrade the schema (idempotent); SchemaTooNew if the database is ahead of this code.
 
-    Logs one `db.migrated` line per revision applied (none when the schema was at `revision`):
-    Alembic's own INFO lines, a dozen at every start, are left out of the process log
-    (observability/logging.py).
+    Logs `db.migrated`: one line for a new database, one per revision applied to an existing one,
+    none when the schema was at `revision`. Alembic's own INFO lines, a dozen at every start, are
+    left out of the process log (observability/logging.py).
     """
     cfg = _config()
     with _connect(db) as conn, conn.begin():
@@ -59,13 +59,31 @@ def upgrade(db: Database, revision: str = "head") -> None:
 
 
 def _log_applied(cfg: Config, before: str | None, after: str | None) -> None:
-    """One INFO line per revision after `before` up to `after`, in order."""
+    """Log what the upgrade did: a new database in one line, an existing one a line per revision
+    applied after `before` up to `after`, in order (a DBA reads what changed)."""
     if after is None or after == before:
         return
     chain = list(known_revisions())
-    start = 0 if before is None else chain.index(before) + 1
+    applied = (
+        chain[: chain.index(after) + 1]
+        if before is None
+        else chain[chain.index(before) + 1 : chain.index(after) + 1]
+    )
+    if before is None:
+        log.info(
+            "schema created at %s (%d revisions)",
+            after,
+            len(applied),
+            extra={
+                "event": "db.migrated",
+                "revision": after,
+                "from_revision": None,
+                "revisions": len(applied),
+            },
+        )
+        return
     script = ScriptDirectory.from_config(cfg)
-    for revision_id in chain[start : chain.index(after) + 1]:
+    for revision_id in applied:
         revision = script.get_revision(revision_id)
         doc = " ".join((revision.doc or "").split()) if revision is not None else ""
         log.info(
