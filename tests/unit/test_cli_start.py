@@ -173,3 +173,39 @@ def test_a_command_closes_the_database_it_opened(filled: tuple[str, str], tmp_pa
         done = CliRunner().invoke(cli, args, env=env)
         assert done.exit_code == 0, done.output
         assert _open_files_under(tmp_path) == [], args
+
+
+@pytest.mark.parametrize(
+    ("files", "folder"),
+    [
+        ([], ""),
+        (["/srv/dags/a.py", "/srv/dags/team/b.py"], "/srv/dags"),
+        (["examples/dags/a.py"], "examples/dags"),
+        (["/a.py", "/b.py"], ""),  # the root is no folder worth naming
+        (["rel/a.py", "/abs/b.py"], ""),  # relative and absolute paths share none
+        (["", "/srv/dags/a.py"], ""),  # a DAG without a recorded file
+    ],
+)
+def test_the_dag_tables_folder_is_the_one_every_file_lies_in(files: list[str], folder: str) -> None:
+    from treadle.cli.dags import common_folder
+
+    assert common_folder(files) == folder
+
+
+def test_the_dag_table_names_the_folder_once_and_each_file_from_there(
+    filled: tuple[str, str], tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from treadle.cli.main import cli
+
+    url, _ = filled
+    env = {"TREADLE_DATABASE_URL": url, "TREADLE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    shown = CliRunner().invoke(cli, ["dags", "list"], env=env)
+    assert shown.exit_code == 0, shown.output
+    here = Path(__file__).resolve()
+    assert shown.output.splitlines()[0] == f"DAGs (files in {here.parent}/)"
+    (row,) = [line for line in shown.output.splitlines() if line.startswith("guarded")]
+    assert row.rstrip().endswith(f"  {here.name}") and str(here.parent) not in row
+    listed = CliRunner().invoke(cli, ["dags", "list", "--json"], env=env)
+    assert [d["fileloc"] for d in json.loads(listed.output)] == [guarded.structure().fileloc]

@@ -7,6 +7,7 @@ imported by those commands, so `dags list` does not pay for it.
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -52,8 +53,9 @@ def list_cmd(ctx: Context, as_json: bool) -> None:
             ]
         )
         return
+    folder = common_folder([d.fileloc for d in found])
     table(
-        "DAGs",
+        f"DAGs (files in {folder}/)" if folder else "DAGs",
         ["dag id", "schedule", "next fire", "paused", "active", "owner", "tags", "version", "file"],
         [
             (
@@ -65,11 +67,24 @@ def list_cmd(ctx: Context, as_json: bool) -> None:
                 d.owner,
                 ",".join(d.tags),
                 (d.version_hash or "")[:12],
-                d.fileloc,
+                os.path.relpath(d.fileloc, folder) if folder else d.fileloc,
             )
             for d in found
         ],
     )
+
+
+def common_folder(files: list[str]) -> str:
+    """The folder every one of `files` lies in ("" if none, or if they share none): the table
+    names it once in its title and shows each file from there (JSON keeps the whole path)."""
+    folders = [os.path.dirname(f) for f in files if f]
+    if not folders or len(folders) != len(files):
+        return ""
+    try:
+        common = os.path.commonpath(folders)
+    except ValueError:  # absolute and relative paths mixed
+        return ""
+    return "" if common in ("", os.sep) else common
 
 
 @dags_group.command("show")
